@@ -1,0 +1,29 @@
+# PGXS build of the idempotency extension (C++17, OpenSSL libcrypto).
+EXTENSION = idempotency
+MODULE_big = idempotency
+DATA = idempotency--1.0.sql
+
+CORE_OBJS = src/core/key.o src/core/canonical_json.o src/core/sha256.o src/core/decision.o
+PG_OBJS = src/pg/errors.o src/pg/module.o src/pg/guc.o src/pg/key_type.o src/pg/hashing.o \
+          src/pg/store.o src/pg/xact.o src/pg/worker.o src/pg/sql_api.o src/pg/monitor.o
+OBJS = $(CORE_OBJS) $(PG_OBJS)
+
+PG_CPPFLAGS = -Isrc
+PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-register
+SHLIB_LINK = -lstdc++ -lcrypto
+
+REGRESS = key_type claim finish lease fingerprint identity bad_input settings reaper
+REGRESS_OPTS = --inputdir=.
+
+ISOLATION = claim_wait once_race isolation_levels opposite_order lease_takeover
+ISOLATION_OPTS = --inputdir=test/isolation --outputdir=output_iso
+
+TAP_TESTS = 1
+PROVE_TESTS = test/t/*.pl
+
+# No LLVM bitcode: JIT inlining of this module is not needed and would require clang.
+override with_llvm = no
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)

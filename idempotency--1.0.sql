@@ -1,0 +1,239 @@
+-- idempotency 1.0: the key type, the key store and the claim/finish functions.
+\echo Use "CREATE EXTENSION idempotency" to load this file. \quit
+
+-- The store's schema must belong to the extension: refuse one that already exists
+-- (this also refuses CREATE EXTENSION ... SCHEMA idempotency).
+DO $$
+BEGIN
+  IF EXISTS (SELECT FROM pg_catalog.pg_namespace WHERE nspname = 'idempotency') THEN
+    RAISE EXCEPTION 'schema "idempotency" already exists'
+      USING ERRCODE = 'duplicate_schema',
+            DETAIL = 'The extension keeps its key store in a schema "idempotency" that it creates and owns.',
+            HINT = 'Rename or drop the existing schema, and install the extension''s functions in another schema.';
+  END IF;
+END
+$$;
+
+------------------------------------------------------------------------------
+-- idem_key: 1 to 255 visible ASCII bytes, compared bytewise.
+------------------------------------------------------------------------------
+CREATE TYPE @extschema@.idem_key;
+
+CREATE FUNCTION @extschema@.idem_key_in(cstring) RETURNS @extschema@.idem_key
+  AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_key_out(@extschema@.idem_key) RETURNS cstring
+  AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_key_recv(internal) RETURNS @extschema@.idem_key
+  AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_key_send(@extschema@.idem_key) RETURNS bytea
+  AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE TYPE @extschema@.idem_key (
+  INPUT = @extschema@.idem_key_in,
+  OUTPUT = @extschema@.idem_key_out,
+  RECEIVE = @extschema@.idem_key_recv,
+  SEND = @extschema@.idem_key_send,
+  INTERNALLENGTH = VARIABLE,
+  STORAGE = main,
+  CATEGORY = 'S'
+);
+
+CREATE FUNCTION @extschema@.idem_key_eq(@extschema@.idem_key, @extschema@.idem_key) RETURNS boolean
+  AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_key_ne(@extschema@.idem_key, @extschema@.idem_key) RETURNS boolean
+  AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_key_lt(@extschema@.idem_key, @extschema@.idem_key) RETURNS boolean
+  AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_key_le(@extschema@.idem_key, @extschema@.idem_key) RETURNS boolean
+  AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_key_gt(@extschema@.idem_key, @extschema@.idem_key) RETURNS boolean
+  AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_key_ge(@extschema@.idem_key, @extschema@.idem_key) RETURNS boolean
+  AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_key_cmp(@extschema@.idem_key, @extschema@.idem_key) RETURNS integer
+  AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_key_hash(@extschema@.idem_key) RETURNS integer
+  AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_key_hash_extended(@extschema@.idem_key, bigint) RETURNS bigint
+  AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
+
+CREATE OPERATOR @extschema@.= (
+  LEFTARG = @extschema@.idem_key, RIGHTARG = @extschema@.idem_key,
+  FUNCTION = @extschema@.idem_key_eq, COMMUTATOR = OPERATOR(@extschema@.=),
+  NEGATOR = OPERATOR(@extschema@.<>), RESTRICT = eqsel, JOIN = eqjoinsel, HASHES, MERGES);
+CREATE OPERATOR @extschema@.<> (
+  LEFTARG = @extschema@.idem_key, RIGHTARG = @extschema@.idem_key,
+  FUNCTION = @extschema@.idem_key_ne, COMMUTATOR = OPERATOR(@extschema@.<>),
+  NEGATOR = OPERATOR(@extschema@.=), RESTRICT = neqsel, JOIN = neqjoinsel);
+CREATE OPERATOR @extschema@.< (
+  LEFTARG = @extschema@.idem_key, RIGHTARG = @extschema@.idem_key,
+  FUNCTION = @extschema@.idem_key_lt, COMMUTATOR = OPERATOR(@extschema@.>),
+  NEGATOR = OPERATOR(@extschema@.>=), RESTRICT = scalarltsel, JOIN = scalarltjoinsel);
+CREATE OPERATOR @extschema@.<= (
+  LEFTARG = @extschema@.idem_key, RIGHTARG = @extschema@.idem_key,
+  FUNCTION = @extschema@.idem_key_le, COMMUTATOR = OPERATOR(@extschema@.>=),
+  NEGATOR = OPERATOR(@extschema@.>), RESTRICT = scalarlesel, JOIN = scalarlejoinsel);
+CREATE OPERATOR @extschema@.> (
+  LEFTARG = @extschema@.idem_key, RIGHTARG = @extschema@.idem_key,
+  FUNCTION = @extschema@.idem_key_gt, COMMUTATOR = OPERATOR(@extschema@.<),
+  NEGATOR = OPERATOR(@extschema@.<=), RESTRICT = scalargtsel, JOIN = scalargtjoinsel);
+CREATE OPERATOR @extschema@.>= (
+  LEFTARG = @extschema@.idem_key, RIGHTARG = @extschema@.idem_key,
+  FUNCTION = @extschema@.idem_key_ge, COMMUTATOR = OPERATOR(@extschema@.<=),
+  NEGATOR = OPERATOR(@extschema@.<), RESTRICT = scalargesel, JOIN = scalargejoinsel);
+
+CREATE OPERATOR CLASS @extschema@.idem_key_ops
+  DEFAULT FOR TYPE @extschema@.idem_key USING btree AS
+    OPERATOR 1 @extschema@.<,
+    OPERATOR 2 @extschema@.<=,
+    OPERATOR 3 @extschema@.=,
+    OPERATOR 4 @extschema@.>=,
+    OPERATOR 5 @extschema@.>,
+    FUNCTION 1 @extschema@.idem_key_cmp(@extschema@.idem_key, @extschema@.idem_key),
+    -- Bytewise equality is image equality: lets btree deduplicate entries.
+    FUNCTION 4 pg_catalog.btequalimage(oid);
+
+CREATE OPERATOR CLASS @extschema@.idem_key_hash_ops
+  DEFAULT FOR TYPE @extschema@.idem_key USING hash AS
+    OPERATOR 1 @extschema@.=,
+    FUNCTION 1 @extschema@.idem_key_hash(@extschema@.idem_key),
+    FUNCTION 2 @extschema@.idem_key_hash_extended(@extschema@.idem_key, bigint);
+
+CREATE FUNCTION @extschema@.idem_key(text) RETURNS @extschema@.idem_key
+  AS 'MODULE_PATHNAME', 'idem_key_from_text' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_key(uuid) RETURNS @extschema@.idem_key
+  AS 'MODULE_PATHNAME', 'idem_key_from_uuid' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE CAST (text AS @extschema@.idem_key)
+  WITH FUNCTION @extschema@.idem_key(text) AS ASSIGNMENT;
+CREATE CAST (varchar AS @extschema@.idem_key)
+  WITH FUNCTION @extschema@.idem_key(text) AS ASSIGNMENT;
+CREATE CAST (uuid AS @extschema@.idem_key)
+  WITH FUNCTION @extschema@.idem_key(uuid) AS ASSIGNMENT;
+-- Same bytes as text; implicit like citext, so text functions accept a key.
+CREATE CAST (@extschema@.idem_key AS text) WITHOUT FUNCTION AS IMPLICIT;
+
+------------------------------------------------------------------------------
+-- The key store. Ordinary roles have no rights on it: the C functions read and
+-- write it directly, with the caller's role as part of every key's identity.
+------------------------------------------------------------------------------
+CREATE SCHEMA idempotency;
+REVOKE ALL ON SCHEMA idempotency FROM PUBLIC;
+
+CREATE TABLE idempotency.keys (
+  -- fixed-width columns first, for alignment
+  role             regrole     NOT NULL,
+  attempt          integer     NOT NULL,
+  first_claimed_at timestamptz NOT NULL,
+  expires_at       timestamptz NOT NULL,
+  lease_expires_at timestamptz,
+  lease            interval,
+  -- p = pending, c = completed, f = failed, a = abandoned
+  state            "char"      NOT NULL CHECK (state IN ('p', 'c', 'f', 'a')),
+  scope            text        COLLATE "C" NOT NULL,
+  key              @extschema@.idem_key NOT NULL,
+  fingerprint      bytea,
+  checkpoint       text,
+  checkpoint_data  jsonb,
+  response         jsonb,
+  CONSTRAINT keys_pkey PRIMARY KEY (role, scope, key)
+) WITH (fillfactor = 90);  -- room for the HOT update that completes a claim
+
+-- The reaper's way to expired rows. Completion does not change expires_at, so it
+-- stays a HOT update.
+CREATE INDEX keys_expires_at_idx ON idempotency.keys (expires_at);
+-- The reaper's way to stale leases. In-transaction claims never enter it (their
+-- lease_expires_at stays NULL), so it costs the common path nothing.
+CREATE INDEX keys_lease_expires_at_idx ON idempotency.keys (lease_expires_at)
+  WHERE lease_expires_at IS NOT NULL;
+
+REVOKE ALL ON TABLE idempotency.keys FROM PUBLIC;
+
+-- Committed rows go into pg_dump output; roles are dumped by name (regrole).
+SELECT pg_catalog.pg_extension_config_dump('idempotency.keys', '');
+
+------------------------------------------------------------------------------
+-- Claiming and finishing. Not STRICT: a NULL argument is an error, never a
+-- silently skipped claim.
+------------------------------------------------------------------------------
+CREATE TYPE @extschema@.idem_claim_result AS (
+  outcome          text,
+  state            text,
+  response         jsonb,
+  attempt          integer,
+  checkpoint       text,
+  checkpoint_data  jsonb,
+  retry_after      interval,
+  first_claimed_at timestamptz,
+  expires_at       timestamptz
+);
+
+CREATE FUNCTION @extschema@.idem_claim(scope text, key @extschema@.idem_key,
+    fingerprint bytea DEFAULT NULL, ttl interval DEFAULT NULL,
+    lease interval DEFAULT NULL, wait interval DEFAULT NULL)
+  RETURNS @extschema@.idem_claim_result
+  AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+
+CREATE FUNCTION @extschema@.idem_complete(scope text, key @extschema@.idem_key,
+    response jsonb DEFAULT NULL, attempt integer DEFAULT NULL)
+  RETURNS void AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+
+CREATE FUNCTION @extschema@.idem_fail(scope text, key @extschema@.idem_key,
+    error jsonb DEFAULT NULL, attempt integer DEFAULT NULL)
+  RETURNS void AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+
+CREATE FUNCTION @extschema@.idem_release(scope text, key @extschema@.idem_key,
+    attempt integer DEFAULT NULL)
+  RETURNS void AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+
+CREATE FUNCTION @extschema@.idem_checkpoint(scope text, key @extschema@.idem_key,
+    point text, data jsonb DEFAULT NULL, attempt integer DEFAULT NULL)
+  RETURNS void AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+
+CREATE FUNCTION @extschema@.idem_once(scope text, key @extschema@.idem_key,
+    ttl interval DEFAULT NULL, wait interval DEFAULT NULL)
+  RETURNS boolean AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+
+CREATE FUNCTION @extschema@.idem_forget(scope text, key @extschema@.idem_key)
+  RETURNS boolean AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+
+------------------------------------------------------------------------------
+-- Reading, deriving, fingerprints.
+------------------------------------------------------------------------------
+CREATE FUNCTION @extschema@.idem_lookup(scope text, key @extschema@.idem_key)
+  RETURNS TABLE(state text, response jsonb, attempt integer, checkpoint text,
+                checkpoint_data jsonb, first_claimed_at timestamptz,
+                expires_at timestamptz, lease_expires_at timestamptz)
+  AS 'MODULE_PATHNAME' LANGUAGE C STABLE ROWS 1;
+
+CREATE FUNCTION @extschema@.idem_fingerprint(jsonb) RETURNS bytea
+  AS 'MODULE_PATHNAME', 'idem_fingerprint_jsonb' LANGUAGE C IMMUTABLE PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_fingerprint(text) RETURNS bytea
+  AS 'MODULE_PATHNAME', 'idem_fingerprint_text' LANGUAGE C IMMUTABLE PARALLEL SAFE;
+CREATE FUNCTION @extschema@.idem_fingerprint(bytea) RETURNS bytea
+  AS 'MODULE_PATHNAME', 'idem_fingerprint_bytea' LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION @extschema@.idem_derive(root @extschema@.idem_key, step text)
+  RETURNS @extschema@.idem_key
+  AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION @extschema@.idem_abandoned(scope text DEFAULT NULL, max_rows integer DEFAULT 100)
+  RETURNS TABLE(scope text, key @extschema@.idem_key, attempt integer, checkpoint text,
+                checkpoint_data jsonb, first_claimed_at timestamptz)
+  AS 'MODULE_PATHNAME' LANGUAGE C STABLE;
+
+------------------------------------------------------------------------------
+-- Expiry and monitoring. Both see every role's keys, so neither is PUBLIC.
+------------------------------------------------------------------------------
+CREATE FUNCTION @extschema@.idem_reap(max_rows bigint DEFAULT NULL) RETURNS bigint
+  AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+REVOKE ALL ON FUNCTION @extschema@.idem_reap(bigint) FROM PUBLIC;
+
+CREATE FUNCTION @extschema@.idem_stats()
+  RETURNS TABLE(keys_total bigint, pending bigint, completed bigint, failed bigint,
+                abandoned bigint, expired_awaiting_reap bigint, reaped_total bigint,
+                reclaimed_total bigint, last_reap_at timestamptz, last_reap_ms bigint,
+                worker_pid integer)
+  AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+REVOKE ALL ON FUNCTION @extschema@.idem_stats() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.idem_stats() TO pg_monitor;

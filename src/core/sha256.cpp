@@ -1,0 +1,47 @@
+#include "core/sha256.hpp"
+
+#include <openssl/evp.h>
+
+#include <memory>
+#include <stdexcept>
+
+namespace idempotency {
+
+namespace {
+
+struct ContextDeleter {
+  void operator()(EVP_MD_CTX* context) const { EVP_MD_CTX_free(context); }
+};
+using Context = std::unique_ptr<EVP_MD_CTX, ContextDeleter>;
+
+Digest digest_of(std::initializer_list<std::string_view> parts) {
+  Context context(EVP_MD_CTX_new());
+  if (!context || EVP_DigestInit_ex(context.get(), EVP_sha256(), nullptr) != 1)
+    throw std::runtime_error("OpenSSL could not start a SHA-256 digest");
+  for (std::string_view part : parts)
+    if (EVP_DigestUpdate(context.get(), part.data(), part.size()) != 1)
+      throw std::runtime_error("OpenSSL could not update a SHA-256 digest");
+  Digest digest;
+  unsigned int length = 0;
+  if (EVP_DigestFinal_ex(context.get(), digest.data(), &length) != 1 || length != digest.size())
+    throw std::runtime_error("OpenSSL could not finish a SHA-256 digest");
+  return digest;
+}
+
+}  // namespace
+
+Digest sha256(std::string_view bytes) { return digest_of({bytes}); }
+
+std::string derive_key(std::string_view root, std::string_view step) {
+  static const char kHex[] = "0123456789abcdef";
+  Digest digest = digest_of({root, std::string_view("\0", 1), step});
+  std::string key;
+  key.reserve(32);
+  for (int i = 0; i < 16; i++) {
+    key.push_back(kHex[digest[i] >> 4]);
+    key.push_back(kHex[digest[i] & 0x0F]);
+  }
+  return key;
+}
+
+}  // namespace idempotency

@@ -1,0 +1,123 @@
+// idem_key input/output, comparison, hashing and casts.
+#include "pg/key_type.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "core/key.hpp"
+#include "pg/errors.hpp"
+
+extern "C" {
+#include "common/hashfn.h"
+#include "lib/stringinfo.h"
+#include "libpq/pqformat.h"
+#include "utils/builtins.h"
+#include "utils/uuid.h"
+}
+
+namespace idempotency {
+
+void ensure_valid_key(const char* data, size_t length) {
+  KeyProblem problem = check_key(std::string_view(data, length));
+  if (!problem) return;
+  char message[256];
+  {
+    std::string text = describe(problem);
+    strlcpy(message, text.c_str(), sizeof(message));
+  }
+  ereport(ERROR, errcode(ERRCODE_INVALID_TEXT_REPRESENTATION), errmsg("%s", message));
+}
+
+struct varlena* make_key(const char* data, size_t length) {
+  ensure_valid_key(data, length);
+  return reinterpret_cast<struct varlena*>(cstring_to_text_with_len(data, static_cast<int>(length)));
+}
+
+static int compare_keys(FunctionCallInfo fcinfo) {
+  struct varlena* a = PG_GETARG_VARLENA_PP(0);
+  struct varlena* b = PG_GETARG_VARLENA_PP(1);
+  size_t la = VARSIZE_ANY_EXHDR(a), lb = VARSIZE_ANY_EXHDR(b);
+  int c = memcmp(VARDATA_ANY(a), VARDATA_ANY(b), Min(la, lb));
+  if (c != 0) return c;
+  return (la > lb) - (la < lb);
+}
+
+static Datum key_in(FunctionCallInfo fcinfo) {
+  const char* input = PG_GETARG_CSTRING(0);
+  return PointerGetDatum(make_key(input, strlen(input)));
+}
+
+static Datum key_out(FunctionCallInfo fcinfo) {
+  return CStringGetDatum(text_to_cstring(reinterpret_cast<text*>(PG_GETARG_VARLENA_PP(0))));
+}
+
+// The wire format is the key's bytes; keys are ASCII, so no encoding conversion.
+static Datum key_recv(FunctionCallInfo fcinfo) {
+  StringInfo buf = reinterpret_cast<StringInfo>(PG_GETARG_POINTER(0));
+  int length = buf->len - buf->cursor;
+  const char* bytes = pq_getmsgbytes(buf, length);
+  return PointerGetDatum(make_key(bytes, static_cast<size_t>(length)));
+}
+
+static Datum key_send(FunctionCallInfo fcinfo) {
+  struct varlena* key = PG_GETARG_VARLENA_PP(0);
+  StringInfoData buf;
+  pq_begintypsend(&buf);
+  pq_sendbytes(&buf, VARDATA_ANY(key), static_cast<int>(VARSIZE_ANY_EXHDR(key)));
+  PG_RETURN_BYTEA_P(pq_endtypsend(&buf));
+}
+
+static Datum key_hash(FunctionCallInfo fcinfo) {
+  struct varlena* key = PG_GETARG_VARLENA_PP(0);
+  return hash_any(reinterpret_cast<const unsigned char*>(VARDATA_ANY(key)),
+                  static_cast<int>(VARSIZE_ANY_EXHDR(key)));
+}
+
+static Datum key_hash_extended(FunctionCallInfo fcinfo) {
+  struct varlena* key = PG_GETARG_VARLENA_PP(0);
+  return hash_any_extended(reinterpret_cast<const unsigned char*>(VARDATA_ANY(key)),
+                           static_cast<int>(VARSIZE_ANY_EXHDR(key)), PG_GETARG_INT64(1));
+}
+
+static Datum key_from_text(FunctionCallInfo fcinfo) {
+  struct varlena* input = PG_GETARG_VARLENA_PP(0);
+  ensure_valid_key(VARDATA_ANY(input), VARSIZE_ANY_EXHDR(input));
+  PG_RETURN_POINTER(input);
+}
+
+// The lowercase hyphenated form that uuid_out writes.
+static Datum key_from_uuid(FunctionCallInfo fcinfo) {
+  char* text = DatumGetCString(DirectFunctionCall1(uuid_out, PG_GETARG_DATUM(0)));
+  return PointerGetDatum(make_key(text, strlen(text)));
+}
+
+}  // namespace idempotency
+
+using namespace idempotency;
+
+IDEM_SQL_FUNCTION(idem_key_in, key_in)
+IDEM_SQL_FUNCTION(idem_key_out, key_out)
+IDEM_SQL_FUNCTION(idem_key_recv, key_recv)
+IDEM_SQL_FUNCTION(idem_key_send, key_send)
+IDEM_SQL_FUNCTION(idem_key_hash, key_hash)
+IDEM_SQL_FUNCTION(idem_key_hash_extended, key_hash_extended)
+IDEM_SQL_FUNCTION(idem_key_from_text, key_from_text)
+IDEM_SQL_FUNCTION(idem_key_from_uuid, key_from_uuid)
+
+// Comparisons are on every index probe: plain functions, nothing to guard.
+extern "C" {
+PG_FUNCTION_INFO_V1(idem_key_cmp);
+PG_FUNCTION_INFO_V1(idem_key_eq);
+PG_FUNCTION_INFO_V1(idem_key_ne);
+PG_FUNCTION_INFO_V1(idem_key_lt);
+PG_FUNCTION_INFO_V1(idem_key_le);
+PG_FUNCTION_INFO_V1(idem_key_gt);
+PG_FUNCTION_INFO_V1(idem_key_ge);
+Datum idem_key_cmp(PG_FUNCTION_ARGS) { PG_RETURN_INT32(compare_keys(fcinfo)); }
+Datum idem_key_eq(PG_FUNCTION_ARGS) { PG_RETURN_BOOL(compare_keys(fcinfo) == 0); }
+Datum idem_key_ne(PG_FUNCTION_ARGS) { PG_RETURN_BOOL(compare_keys(fcinfo) != 0); }
+Datum idem_key_lt(PG_FUNCTION_ARGS) { PG_RETURN_BOOL(compare_keys(fcinfo) < 0); }
+Datum idem_key_le(PG_FUNCTION_ARGS) { PG_RETURN_BOOL(compare_keys(fcinfo) <= 0); }
+Datum idem_key_gt(PG_FUNCTION_ARGS) { PG_RETURN_BOOL(compare_keys(fcinfo) > 0); }
+Datum idem_key_ge(PG_FUNCTION_ARGS) { PG_RETURN_BOOL(compare_keys(fcinfo) >= 0); }
+}

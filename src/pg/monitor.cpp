@@ -1,0 +1,149 @@
+// idem_reap (one reaper pass by hand) and idem_stats (figures for monitoring).
+#include "pg/errors.hpp"
+#include "pg/store.hpp"
+#include "pg/worker.hpp"
+
+extern "C" {
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "catalog/pg_statistic.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "storage/bufmgr.h"
+#include "tcop/utility.h"
+#include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/tuplestore.h"
+}
+
+namespace idempotency {
+
+static Datum reap(FunctionCallInfo fcinfo) {
+  int64 max_rows = PG_ARGISNULL(0) ? PG_INT64_MAX : PG_GETARG_INT64(0);
+  if (max_rows < 0)
+    ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+            errmsg("max_rows must not be negative"));
+  PreventCommandIfReadOnly("idem_reap()");
+  PG_RETURN_INT64(reap_current_database(false, max_rows).deleted);
+}
+
+// Counts by state. Up to this many pages the table is read and the counts are
+// exact; beyond, they come from the planner's statistics (as fresh as the last
+// ANALYZE), so idem_stats answers quickly whatever the table's size.
+constexpr BlockNumber kExactCountPages = 1000;
+
+struct StateCounts {
+  double total, pending, completed, failed, abandoned, expired;
+};
+
+static StateCounts count_exactly(KeyStore* store) {
+  StateCounts counts{};
+  TimestampTz now = GetCurrentTimestamp();
+  TableScanDesc scan = table_beginscan(store->heap, GetActiveSnapshot(), 0, nullptr);
+  while (table_scan_getnextslot(scan, ForwardScanDirection, store->read_slot)) {
+    KeyRow row;
+    StoredRow view;
+    store_read_slot(store->read_slot, &row, &view);
+    counts.total++;
+    if (!is_live(view, now)) {
+      counts.expired++;
+      continue;
+    }
+    switch (view.state) {
+      case KeyState::kPending:
+        counts.pending++;
+        break;
+      case KeyState::kCompleted:
+        counts.completed++;
+        break;
+      case KeyState::kFailed:
+        counts.failed++;
+        break;
+      case KeyState::kAbandoned:
+        counts.abandoned++;
+        break;
+    }
+  }
+  table_endscan(scan);
+  return counts;
+}
+
+static StateCounts estimate(KeyStore* store) {
+  StateCounts counts{};
+  counts.total = Max(store->heap->rd_rel->reltuples, 0);
+  HeapTuple stats = SearchSysCache3(STATRELATTINH, ObjectIdGetDatum(RelationGetRelid(store->heap)),
+                                    Int16GetDatum(kState), BoolGetDatum(false));
+  if (HeapTupleIsValid(stats)) {
+    AttStatsSlot slot;
+    if (get_attstatsslot(&slot, stats, STATISTIC_KIND_MCV, InvalidOid,
+                         ATTSTATSSLOT_VALUES | ATTSTATSSLOT_NUMBERS)) {
+      for (int i = 0; i < slot.nvalues; i++) {
+        double n = slot.numbers[i] * counts.total;
+        switch (DatumGetChar(slot.values[i])) {
+          case 'p': counts.pending = n; break;
+          case 'c': counts.completed = n; break;
+          case 'f': counts.failed = n; break;
+          case 'a': counts.abandoned = n; break;
+        }
+      }
+      free_attstatsslot(&slot);
+    }
+    ReleaseSysCache(stats);
+  }
+  stats = SearchSysCache3(STATRELATTINH, ObjectIdGetDatum(RelationGetRelid(store->heap)),
+                          Int16GetDatum(kExpiresAt), BoolGetDatum(false));
+  if (HeapTupleIsValid(stats)) {
+    AttStatsSlot slot;
+    if (get_attstatsslot(&slot, stats, STATISTIC_KIND_HISTOGRAM, InvalidOid, ATTSTATSSLOT_VALUES) &&
+        slot.nvalues > 1) {
+      TimestampTz now = GetCurrentTimestamp();
+      int below = 0;
+      for (int i = 0; i < slot.nvalues; i++) below += DatumGetTimestampTz(slot.values[i]) <= now;
+      counts.expired = counts.total * below / slot.nvalues;
+      free_attstatsslot(&slot);
+    }
+    ReleaseSysCache(stats);
+  }
+  return counts;
+}
+
+static Datum stats(FunctionCallInfo fcinfo) {
+  InitMaterializedSRF(fcinfo, 0);
+  ReturnSetInfo* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+  KeyStore store;
+  store_open(&store, false);
+  StateCounts counts = RelationGetNumberOfBlocks(store.heap) <= kExactCountPages
+                           ? count_exactly(&store)
+                           : estimate(&store);
+  store_close(&store);
+
+  ReaperStats reaper;
+  bool preloaded = reaper_stats(&reaper);
+  Datum values[11] = {
+      Int64GetDatum(static_cast<int64>(counts.total)),
+      Int64GetDatum(static_cast<int64>(counts.pending)),
+      Int64GetDatum(static_cast<int64>(counts.completed)),
+      Int64GetDatum(static_cast<int64>(counts.failed)),
+      Int64GetDatum(static_cast<int64>(counts.abandoned)),
+      Int64GetDatum(static_cast<int64>(counts.expired)),
+      Int64GetDatum(reaper.reaped_total),
+      Int64GetDatum(reaper.reclaimed_total),
+      TimestampTzGetDatum(reaper.last_reap_at),
+      Int64GetDatum(reaper.last_reap_ms),
+      Int32GetDatum(reaper.worker_pid),
+  };
+  bool nulls[11] = {};
+  nulls[6] = nulls[7] = !preloaded;
+  nulls[8] = nulls[9] = !preloaded || reaper.last_reap_at == 0;
+  nulls[10] = !preloaded || reaper.worker_pid == 0;
+  tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+  return (Datum)0;
+}
+
+}  // namespace idempotency
+
+using namespace idempotency;
+
+IDEM_SQL_FUNCTION(idem_reap, reap)
+IDEM_SQL_FUNCTION(idem_stats, stats)

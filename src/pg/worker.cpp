@@ -1,0 +1,437 @@
+// The reaper. A launcher, connected to no database, lists the databases every
+// naptime and starts one short-lived worker per database (at most
+// idempotency.max_workers at once). A worker connects, leaves at once if the
+// extension is not installed there, else deletes expired keys and marks stale
+// leases abandoned in batches of short transactions, and exits: no connection
+// outlives its pass. DROP DATABASE and the other commands that need a database to
+// themselves pause it and stop its worker first (utility hook).
+#include "pg/worker.hpp"
+
+#include <csignal>
+
+#include "pg/errors.hpp"
+#include "pg/guc.hpp"
+#include "pg/store.hpp"
+
+extern "C" {
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/xact.h"
+#include "catalog/pg_database.h"
+#include "commands/dbcommands.h"
+#include "commands/defrem.h"
+#include "commands/extension.h"
+#include "miscadmin.h"
+#include "nodes/parsenodes.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/lwlock.h"
+#include "storage/proc.h"
+#include "storage/shmem.h"
+#include "storage/spin.h"
+#include "tcop/utility.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+}
+
+namespace idempotency {
+
+constexpr int kMaxDatabases = 128;
+
+struct DatabaseState {
+  Oid database;       // InvalidOid: a free entry
+  pid_t worker_pid;   // the worker serving it now, or 0
+  int pause_count;    // commands that need the database to themselves
+  int64 reaped_total;
+  int64 reclaimed_total;
+  TimestampTz last_reap_at;
+  int64 last_reap_ms;
+};
+
+struct SharedState {
+  slock_t mutex;
+  pid_t launcher_pid;
+  DatabaseState databases[kMaxDatabases];
+};
+
+static SharedState* shared;  // null unless the library was preloaded
+static shmem_request_hook_type previous_shmem_request;
+static shmem_startup_hook_type previous_shmem_startup;
+static ProcessUtility_hook_type previous_process_utility;
+
+// The entry for `database`, made if `create`; null if absent or the table is full.
+// Call with the mutex held.
+static DatabaseState* database_entry(Oid database, bool create) {
+  DatabaseState* free_entry = nullptr;
+  for (DatabaseState& entry : shared->databases) {
+    if (entry.database == database) return &entry;
+    if (free_entry == nullptr && entry.database == InvalidOid) free_entry = &entry;
+  }
+  if (!create || free_entry == nullptr) return nullptr;
+  *free_entry = DatabaseState{};
+  free_entry->database = database;
+  return free_entry;
+}
+
+// ---------------------------------------------------------------------------
+// Shared memory
+// ---------------------------------------------------------------------------
+
+static void request_shared_memory() {
+  if (previous_shmem_request) previous_shmem_request();
+  RequestAddinShmemSpace(sizeof(SharedState));
+}
+
+static void start_shared_memory() {
+  if (previous_shmem_startup) previous_shmem_startup();
+  LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+  bool found;
+  shared = static_cast<SharedState*>(ShmemInitStruct("idempotency", sizeof(SharedState), &found));
+  if (!found) {
+    memset(shared, 0, sizeof(SharedState));
+    SpinLockInit(&shared->mutex);
+  }
+  LWLockRelease(AddinShmemInitLock);
+}
+
+bool reaper_stats(ReaperStats* stats) {
+  if (shared == nullptr) return false;
+  *stats = ReaperStats{};
+  SpinLockAcquire(&shared->mutex);
+  stats->worker_pid = shared->launcher_pid;
+  if (DatabaseState* entry = database_entry(MyDatabaseId, false)) {
+    stats->reaped_total = entry->reaped_total;
+    stats->reclaimed_total = entry->reclaimed_total;
+    stats->last_reap_at = entry->last_reap_at;
+    stats->last_reap_ms = entry->last_reap_ms;
+  }
+  SpinLockRelease(&shared->mutex);
+  return true;
+}
+
+static void record_pass(const PassResult& result, TimestampTz started) {
+  if (shared == nullptr) return;
+  TimestampTz now = GetCurrentTimestamp();
+  SpinLockAcquire(&shared->mutex);
+  if (DatabaseState* entry = database_entry(MyDatabaseId, true)) {
+    entry->reaped_total += result.deleted;
+    entry->reclaimed_total += result.abandoned;
+    entry->last_reap_at = now;
+    entry->last_reap_ms = (now - started) / 1000;
+  }
+  SpinLockRelease(&shared->mutex);
+}
+
+// ---------------------------------------------------------------------------
+// One pass over the current database
+// ---------------------------------------------------------------------------
+
+enum class Sweep { kExpired, kDroppedRoles, kStale };
+
+static int64 sweep_once(Sweep sweep, int64 max_rows) {
+  KeyStore store;
+  store_open(&store, true);
+  Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
+  TimestampTz now = GetCurrentTimestamp();
+  int64 changed = 0;
+  switch (sweep) {
+    case Sweep::kExpired:
+      changed = store_reap_expired(&store, snapshot, now, max_rows);
+      break;
+    case Sweep::kDroppedRoles:
+      changed = store_reap_dropped_roles(&store, snapshot, max_rows);
+      break;
+    case Sweep::kStale:
+      changed = store_abandon_stale(&store, snapshot, now, max_rows);
+      break;
+  }
+  UnregisterSnapshot(snapshot);
+  store_close(&store);
+  return changed;
+}
+
+// Batches of short transactions until a batch finds less than a full batch to do.
+static int64 sweep_in_batches(Sweep sweep) {
+  int64 total = 0;
+  for (;;) {
+    int64 batch = settings.reaper_batch_size;
+    StartTransactionCommand();
+    int64 changed = sweep_once(sweep, batch);
+    CommitTransactionCommand();
+    total += changed;
+    CHECK_FOR_INTERRUPTS();
+    if (changed < batch) return total;
+  }
+}
+
+PassResult reap_current_database(bool own_transactions, int64 max_rows) {
+  TimestampTz started = GetCurrentTimestamp();
+  PassResult result{};
+  if (own_transactions) {
+    result.deleted = sweep_in_batches(Sweep::kExpired) + sweep_in_batches(Sweep::kDroppedRoles);
+    result.abandoned = sweep_in_batches(Sweep::kStale);
+  } else {
+    result.deleted = sweep_once(Sweep::kExpired, max_rows);
+    CommandCounterIncrement();
+    result.deleted += sweep_once(Sweep::kDroppedRoles, max_rows - result.deleted);
+    CommandCounterIncrement();
+    result.abandoned = sweep_once(Sweep::kStale, PG_INT64_MAX);
+  }
+  record_pass(result, started);
+  return result;
+}
+
+// ---------------------------------------------------------------------------
+// The per-database worker
+// ---------------------------------------------------------------------------
+
+static void forget_worker(int, Datum database) {
+  SpinLockAcquire(&shared->mutex);
+  DatabaseState* entry = database_entry(DatumGetObjectId(database), false);
+  if (entry != nullptr && entry->worker_pid == MyProcPid) entry->worker_pid = 0;
+  SpinLockRelease(&shared->mutex);
+}
+
+// Registers this process as the database's worker unless the database is paused.
+static bool claim_database(Oid database) {
+  SpinLockAcquire(&shared->mutex);
+  DatabaseState* entry = database_entry(database, true);
+  bool ours = entry != nullptr && entry->pause_count == 0 && entry->worker_pid == 0;
+  if (ours) entry->worker_pid = MyProcPid;
+  SpinLockRelease(&shared->mutex);
+  return ours;
+}
+
+static void reaper_main(Datum argument) {
+  Oid database = DatumGetObjectId(argument);
+  pqsignal(SIGHUP, SignalHandlerForConfigReload);
+  pqsignal(SIGTERM, die);
+  BackgroundWorkerUnblockSignals();
+  if (!claim_database(database)) proc_exit(0);
+  before_shmem_exit(forget_worker, ObjectIdGetDatum(database));
+  BackgroundWorkerInitializeConnectionByOid(database, InvalidOid, 0);
+
+  StartTransactionCommand();
+  bool installed = OidIsValid(get_extension_oid("idempotency", true));
+  CommitTransactionCommand();
+  if (!installed) proc_exit(0);
+
+  pgstat_report_activity(STATE_RUNNING, "reaping expired idempotency keys");
+  PassResult result = reap_current_database(true, 0);
+  if (result.deleted > 0 || result.abandoned > 0)
+    elog(DEBUG1, "idempotency reaper deleted %lld keys and abandoned %lld stale claims",
+         static_cast<long long>(result.deleted), static_cast<long long>(result.abandoned));
+  proc_exit(0);
+}
+
+// ---------------------------------------------------------------------------
+// The launcher
+// ---------------------------------------------------------------------------
+
+// Connectable, non-template databases, as a list of OIDs in `context`.
+static List* list_databases(MemoryContext context) {
+  List* databases = NIL;
+  StartTransactionCommand();
+  Relation rel = table_open(DatabaseRelationId, AccessShareLock);
+  TableScanDesc scan = table_beginscan_catalog(rel, 0, nullptr);
+  HeapTuple tuple;
+  while ((tuple = heap_getnext(scan, ForwardScanDirection)) != nullptr) {
+    Form_pg_database form = reinterpret_cast<Form_pg_database>(GETSTRUCT(tuple));
+    if (form->datistemplate || !form->datallowconn || database_is_invalid_form(form)) continue;
+    MemoryContext old = MemoryContextSwitchTo(context);
+    databases = lappend_oid(databases, form->oid);
+    MemoryContextSwitchTo(old);
+  }
+  table_endscan(scan);
+  table_close(rel, AccessShareLock);
+  CommitTransactionCommand();
+  return databases;
+}
+
+// Forgets entries of databases that are gone, so the table does not fill up.
+static void prune_entries(List* databases) {
+  SpinLockAcquire(&shared->mutex);
+  for (DatabaseState& entry : shared->databases)
+    if (entry.database != InvalidOid && entry.worker_pid == 0 && entry.pause_count == 0 &&
+        !list_member_oid(databases, entry.database))
+      entry = DatabaseState{};
+  SpinLockRelease(&shared->mutex);
+}
+
+static BackgroundWorkerHandle* start_reaper(Oid database) {
+  BackgroundWorker worker = {};
+  snprintf(worker.bgw_name, BGW_MAXLEN, "idempotency reaper for database %u", database);
+  snprintf(worker.bgw_type, BGW_MAXLEN, "idempotency reaper");
+  snprintf(worker.bgw_library_name, BGW_MAXLEN, "idempotency");
+  snprintf(worker.bgw_function_name, BGW_MAXLEN, "idem_reaper_main");
+  worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+  worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+  worker.bgw_restart_time = BGW_NEVER_RESTART;
+  worker.bgw_main_arg = ObjectIdGetDatum(database);
+  worker.bgw_notify_pid = MyProcPid;
+  BackgroundWorkerHandle* handle = nullptr;
+  if (!RegisterDynamicBackgroundWorker(&worker, &handle)) {
+    ereport(LOG, errmsg("idempotency launcher could not start a reaper: no free worker slot"),
+            errhint("Raise max_worker_processes."));
+    return nullptr;
+  }
+  return handle;
+}
+
+static void launcher_main(Datum) {
+  pqsignal(SIGHUP, SignalHandlerForConfigReload);
+  pqsignal(SIGTERM, die);
+  BackgroundWorkerUnblockSignals();
+  BackgroundWorkerInitializeConnection(nullptr, nullptr, 0);
+  SpinLockAcquire(&shared->mutex);
+  shared->launcher_pid = MyProcPid;
+  SpinLockRelease(&shared->mutex);
+
+  MemoryContext pass_context =
+      AllocSetContextCreate(TopMemoryContext, "idempotency launcher pass", ALLOCSET_DEFAULT_SIZES);
+  BackgroundWorkerHandle* running[64] = {};
+  List* pending = NIL;
+  TimestampTz last_pass = 0;
+  for (;;) {
+    CHECK_FOR_INTERRUPTS();
+    if (ConfigReloadPending) {
+      ConfigReloadPending = false;
+      ProcessConfigFile(PGC_SIGHUP);
+    }
+    int busy = 0;
+    for (BackgroundWorkerHandle*& handle : running) {
+      pid_t pid;
+      if (handle != nullptr && GetBackgroundWorkerPid(handle, &pid) == BGWH_STOPPED) {
+        pfree(handle);
+        handle = nullptr;
+      }
+      busy += handle != nullptr;
+    }
+    // Computed each time, so a reloaded naptime applies to the pass being waited for.
+    TimestampTz next_pass = last_pass + static_cast<int64>(settings.reaper_naptime_ms) * 1000;
+    TimestampTz now = GetCurrentTimestamp();
+    if (pending == NIL && busy == 0 && now >= next_pass) {
+      MemoryContextReset(pass_context);
+      pending = settings.reaper_enabled ? list_databases(pass_context) : NIL;
+      prune_entries(pending);
+      last_pass = now;
+      next_pass = now + static_cast<int64>(settings.reaper_naptime_ms) * 1000;
+    }
+    for (BackgroundWorkerHandle*& handle : running) {
+      if (pending == NIL || busy >= settings.max_workers) break;
+      if (handle != nullptr) continue;
+      Oid database = linitial_oid(pending);
+      pending = list_delete_first(pending);
+      MemoryContext old = MemoryContextSwitchTo(TopMemoryContext);
+      handle = start_reaper(database);
+      MemoryContextSwitchTo(old);
+      busy += handle != nullptr;
+    }
+    // Woken by a worker's exit (bgw_notify_pid), a reload or the next pass.
+    long timeout_ms = Max(1, TimestampDifferenceMilliseconds(GetCurrentTimestamp(), next_pass));
+    (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, timeout_ms,
+                    PG_WAIT_EXTENSION);
+    ResetLatch(MyLatch);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Database commands that need the database to themselves
+// ---------------------------------------------------------------------------
+
+// The database a DROP, RENAME, SET TABLESPACE or CREATE ... TEMPLATE needs alone.
+static Oid database_needed_alone(Node* statement) {
+  const char* name = nullptr;
+  switch (nodeTag(statement)) {
+    case T_DropdbStmt:
+      name = castNode(DropdbStmt, statement)->dbname;
+      break;
+    case T_AlterDatabaseStmt:
+      name = castNode(AlterDatabaseStmt, statement)->dbname;
+      break;
+    case T_RenameStmt:
+      if (castNode(RenameStmt, statement)->renameType == OBJECT_DATABASE)
+        name = castNode(RenameStmt, statement)->subname;
+      break;
+    case T_CreatedbStmt: {
+      ListCell* cell;
+      foreach (cell, castNode(CreatedbStmt, statement)->options) {
+        DefElem* option = lfirst_node(DefElem, cell);
+        if (strcmp(option->defname, "template") == 0 && option->arg != nullptr)
+          name = defGetString(option);
+      }
+      break;
+    }
+    default:
+      break;
+  }
+  return name == nullptr ? InvalidOid : get_database_oid(name, true);
+}
+
+static void set_paused(Oid database, bool paused) {
+  pid_t worker = 0;
+  SpinLockAcquire(&shared->mutex);
+  if (DatabaseState* entry = database_entry(database, paused)) {
+    entry->pause_count += paused ? 1 : -1;
+    if (paused) worker = entry->worker_pid;
+  }
+  SpinLockRelease(&shared->mutex);
+  // The command itself waits a few seconds for other sessions to leave.
+  if (worker != 0) kill(worker, SIGTERM);
+}
+
+static void process_utility(PlannedStmt* statement, const char* query, bool read_only_tree,
+                            ProcessUtilityContext context, ParamListInfo params,
+                            QueryEnvironment* environment, DestReceiver* destination,
+                            QueryCompletion* completion) {
+  Oid database = shared != nullptr ? database_needed_alone(statement->utilityStmt) : InvalidOid;
+  if (OidIsValid(database)) set_paused(database, true);
+  PG_TRY();
+  {
+    if (previous_process_utility)
+      previous_process_utility(statement, query, read_only_tree, context, params, environment,
+                               destination, completion);
+    else
+      standard_ProcessUtility(statement, query, read_only_tree, context, params, environment,
+                              destination, completion);
+  }
+  PG_FINALLY();
+  {
+    if (OidIsValid(database)) set_paused(database, false);
+  }
+  PG_END_TRY();
+}
+
+void register_background_worker() {
+  previous_shmem_request = shmem_request_hook;
+  shmem_request_hook = request_shared_memory;
+  previous_shmem_startup = shmem_startup_hook;
+  shmem_startup_hook = start_shared_memory;
+  previous_process_utility = ProcessUtility_hook;
+  ProcessUtility_hook = process_utility;
+
+  BackgroundWorker launcher = {};
+  snprintf(launcher.bgw_name, BGW_MAXLEN, "idempotency launcher");
+  snprintf(launcher.bgw_type, BGW_MAXLEN, "idempotency launcher");
+  snprintf(launcher.bgw_library_name, BGW_MAXLEN, "idempotency");
+  snprintf(launcher.bgw_function_name, BGW_MAXLEN, "idem_launcher_main");
+  launcher.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+  // Never on a standby: it starts when recovery ends, at promotion.
+  launcher.bgw_start_time = BgWorkerStart_RecoveryFinished;
+  launcher.bgw_restart_time = 1;
+  RegisterBackgroundWorker(&launcher);
+}
+
+}  // namespace idempotency
+
+// Background worker entry points: plain C, called by the postmaster's children.
+extern "C" {
+PGDLLEXPORT void idem_launcher_main(Datum argument);
+PGDLLEXPORT void idem_reaper_main(Datum argument);
+void idem_launcher_main(Datum argument) { idempotency::launcher_main(argument); }
+void idem_reaper_main(Datum argument) { idempotency::reaper_main(argument); }
+}

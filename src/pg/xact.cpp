@@ -1,0 +1,112 @@
+// A transaction may not commit while one of its in-transaction claims is pending:
+// the key would be stored without its work. The claims are remembered in the order
+// made; at pre-commit each is looked up again, which also sees a completion undone
+// by a rolled-back savepoint.
+#include "pg/xact.hpp"
+
+#include "pg/errors.hpp"
+
+extern "C" {
+#include "access/xact.h"
+#include "utils/builtins.h"
+#include "utils/memutils.h"
+}
+
+namespace idempotency {
+
+struct RememberedClaim {
+  SubTransactionId subxact;  // the subtransaction that made it
+  Identity id;               // copied into TopTransactionContext
+};
+
+// An array rather than a List: a batch may claim 100,000 keys, and subtransaction
+// ends only look at the tail, where the innermost subtransaction's claims are.
+static RememberedClaim* claims;
+static int claim_count;
+static int claim_capacity;
+
+void remember_claim(const Identity& id) {
+  MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
+  if (claim_count == claim_capacity) {
+    claim_capacity = claim_capacity == 0 ? 16 : claim_capacity * 2;
+    claims = claims == nullptr
+                 ? static_cast<RememberedClaim*>(palloc(claim_capacity * sizeof(RememberedClaim)))
+                 : static_cast<RememberedClaim*>(
+                       repalloc(claims, claim_capacity * sizeof(RememberedClaim)));
+  }
+  RememberedClaim& claim = claims[claim_count];
+  claim.subxact = GetCurrentSubTransactionId();
+  claim.id.role = id.role;
+  claim.id.scope = static_cast<text*>(PG_DETOAST_DATUM_COPY(PointerGetDatum(id.scope)));
+  claim.id.key = PG_DETOAST_DATUM_COPY(PointerGetDatum(id.key));
+  claim_count++;
+  MemoryContextSwitchTo(old);
+}
+
+static void forget_claims() {
+  claims = nullptr;  // freed with TopTransactionContext
+  claim_count = claim_capacity = 0;
+}
+
+static void check_claims_finished() {
+  if (claim_count == 0) return;
+  KeyStore store;
+  store_open(&store, false);
+  for (int i = 0; i < claim_count; i++) {
+    Probe probe;
+    // A dirty read sees this transaction's latest writes whatever the command id.
+    store_probe(&store, claims[i].id, nullptr, &probe);
+    if (probe.found && probe.view.state == KeyState::kPending &&
+        probe.view.written_by_this_transaction && !probe.view.lease_expires_at)
+      ereport(ERROR, errcode(ERRCODE_IDEM_CLAIM_NOT_FINISHED),
+              errmsg("idempotency key \"%s\" in scope \"%s\" was claimed but not finished",
+                     text_to_cstring(reinterpret_cast<text*>(claims[i].id.key)),
+                     text_to_cstring(claims[i].id.scope)),
+              errdetail("A transaction that claims a key must complete, fail or release it "
+                        "before it commits, so the key is never stored without its work."),
+              errhint("Call idem_complete, idem_fail or idem_release before COMMIT, or claim "
+                      "with a lease for work that must commit before it finishes."));
+  }
+  store_close(&store);
+}
+
+static void on_transaction_event(XactEvent event, void*) {
+  switch (event) {
+    case XACT_EVENT_PRE_COMMIT:
+    case XACT_EVENT_PRE_PREPARE:
+      check_claims_finished();
+      break;
+    case XACT_EVENT_COMMIT:
+    case XACT_EVENT_ABORT:
+    case XACT_EVENT_PREPARE:
+    case XACT_EVENT_PARALLEL_COMMIT:
+    case XACT_EVENT_PARALLEL_ABORT:
+      forget_claims();
+      break;
+    default:
+      break;
+  }
+}
+
+// A subtransaction's claims go with it when it rolls back, and pass to its parent
+// when it commits.
+static void on_subtransaction_event(SubXactEvent event, SubTransactionId mine,
+                                    SubTransactionId parent, void*) {
+  if (event != SUBXACT_EVENT_ABORT_SUB && event != SUBXACT_EVENT_COMMIT_SUB) return;
+  while (claim_count > 0 && claims[claim_count - 1].subxact >= mine) {
+    if (event == SUBXACT_EVENT_ABORT_SUB) {
+      claim_count--;
+      continue;
+    }
+    for (int i = claim_count - 1; i >= 0 && claims[i].subxact >= mine; i--)
+      claims[i].subxact = parent;
+    break;
+  }
+}
+
+void install_transaction_callbacks() {
+  RegisterXactCallback(on_transaction_event, nullptr);
+  RegisterSubXactCallback(on_subtransaction_event, nullptr);
+}
+
+}  // namespace idempotency

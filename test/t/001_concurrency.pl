@@ -1,0 +1,95 @@
+# Concurrency under load: many clients, a small key space with many duplicates,
+# random aborts; then exact invariants. Also the 100,000-key batch.
+#
+# Larger by hand: IDEM_LOAD_CLIENTS=32 IDEM_LOAD_TRANSACTIONS=5000 IDEM_LOAD_KEYS=20000
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $clients = $ENV{IDEM_LOAD_CLIENTS} // 16;
+my $transactions = $ENV{IDEM_LOAD_TRANSACTIONS} // 300;
+my $keys = $ENV{IDEM_LOAD_KEYS} // 1000;
+
+my $node = PostgreSQL::Test::Cluster->new('load');
+$node->init;
+$node->append_conf('postgresql.conf', "max_connections = 64\n");
+$node->start;
+$node->safe_psql('postgres', q{
+  CREATE EXTENSION idempotency;
+  CREATE TABLE business (id bigserial PRIMARY KEY, key text NOT NULL, amount int NOT NULL);
+});
+
+# One operation: claim, business insert, complete, in one transaction; one in ten
+# claimed operations is rolled back instead (a client failing mid-way), so a later
+# duplicate of its key must claim it afresh.
+my $script = q{
+\set k random(1, KEYS)
+\set fail random(1, 10)
+BEGIN;
+SELECT (outcome = 'claimed')::int AS claimed FROM idem_claim('load', ('key-' || :k)::idem_key, idem_fingerprint(('amount ' || :k)::text), wait => '2s') \gset
+\if :claimed
+INSERT INTO business (key, amount) VALUES ('key-' || :k, :k);
+\if :fail = 1
+ROLLBACK;
+\else
+SELECT idem_complete('load', ('key-' || :k)::idem_key, jsonb_build_object('amount', :k));
+COMMIT;
+\endif
+\else
+COMMIT;
+\endif
+};
+$script =~ s/KEYS/$keys/;
+
+my $total = $clients * $transactions;
+$node->pgbench(
+	"--no-vacuum --client=$clients --jobs=2 --transactions=$transactions",
+	0,
+	[qr{processed: $total/$total}],
+	[qr{^$}],
+	"$clients clients, $total operations over $keys keys, no errors",
+	{ 'idem_load' => $script });
+
+is($node->safe_psql('postgres', q{SELECT count(*) FROM business}),
+	$node->safe_psql('postgres',
+		q{SELECT count(*) FROM idempotency.keys WHERE scope = 'load' AND state = 'c'}),
+	'business rows == completed keys');
+is($node->safe_psql('postgres',
+		q{SELECT count(*) FROM (SELECT key FROM business GROUP BY key HAVING count(*) > 1) d}),
+	'0', 'no key has two business rows');
+is($node->safe_psql('postgres',
+		q{SELECT count(*) FROM idempotency.keys WHERE scope = 'load' AND state <> 'c'}),
+	'0', 'no key is left pending');
+is($node->safe_psql('postgres', q{
+		SELECT count(*) FROM idempotency.keys k JOIN business b ON b.key = k.key::text
+		WHERE k.scope = 'load' AND k.response <> jsonb_build_object('amount', b.amount)}),
+	'0', 'every stored response belongs to its business row');
+cmp_ok($node->safe_psql('postgres', q{SELECT count(*) FROM business}), '>', $keys / 4,
+	'the load covered a good share of the key space');
+
+# One transaction claims and completes 100,000 distinct keys with the default
+# max_locks_per_transaction: claims take no lock per key.
+$node->safe_psql('postgres', q{
+  BEGIN;
+  SELECT count(*) FROM generate_series(1, 100000) g,
+         LATERAL idem_claim('batch', ('m-' || g)::idem_key) c WHERE c.outcome = 'claimed';
+  SELECT count(*) FROM generate_series(1, 100000) g,
+         LATERAL idem_complete('batch', ('m-' || g)::idem_key, to_jsonb(g));
+  COMMIT;
+});
+is($node->safe_psql('postgres',
+		q{SELECT count(*) FROM idempotency.keys WHERE scope = 'batch' AND state = 'c'}),
+	'100000', 'a 100,000-key batch ends with every key completed');
+is($node->safe_psql('postgres', q{
+		SELECT count(*) FROM generate_series(1, 100000) g
+		WHERE idem_once('inbox', ('m-' || g)::idem_key)}),
+	'100000', 'idem_once applies 100,000 messages in one transaction');
+is($node->safe_psql('postgres', q{
+		SELECT count(*) FROM generate_series(1, 100000) g
+		WHERE idem_once('inbox', ('m-' || g)::idem_key)}),
+	'0', 'and skips all of them when redelivered');
+
+$node->stop;
+done_testing();
