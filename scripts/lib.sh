@@ -5,7 +5,7 @@ PG_BIN=/usr/lib/postgresql/15/bin
 export PATH="$PG_BIN:$PATH"
 
 REQUIRED_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libssl-dev
-                   g++ make cmake libgtest-dev libipc-run-perl perl)
+                   g++ make cmake libgtest-dev libipc-run-perl perl clang libclang-rt-14-dev)
 
 say() { printf '\n== %s\n' "$*"; }
 

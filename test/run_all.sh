@@ -19,12 +19,14 @@ count() { passed=$((passed + $1)); failed=$((failed + $2)); }
 # A stage that could not run at all counts as one failure, never as nothing.
 stage_failed() { echo "!! $1" >&2; count 0 1; }
 
+# run_unit_tests DIRNAME LABEL [CMAKE OPTION...]
 run_unit_tests() {
-  say "unit tests (ctest)"
-  local log=$work/ctest.log
-  if cmake -S . -B "$work/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
-     cmake --build "$work/build" -j2 >/dev/null; then
-    ctest --test-dir "$work/build" --output-on-failure 2>&1 | tee "$log" | tail -n 3 || true
+  local build=$work/build-$1 log=$work/ctest-$1.log
+  say "unit tests ($2)"
+  shift 2
+  if cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null &&
+     cmake --build "$build" -j2 >/dev/null; then
+    ctest --test-dir "$build" --output-on-failure 2>&1 | tee "$log" | tail -n 3 || true
     local line total bad
     line=$(grep -E 'tests passed, [0-9]+ tests failed out of' "$log" || true)
     if [ -z "$line" ]; then stage_failed "ctest printed no summary"; return; fi
@@ -34,6 +36,31 @@ run_unit_tests() {
   else
     stage_failed "the unit tests did not build"
   fi
+}
+
+# Each libFuzzer target runs for FUZZ_SECONDS (30 by default; longer by hand) from
+# its committed corpus; a crash or a broken property is one failure.
+run_fuzzers() {
+  say "fuzzing (${FUZZ_SECONDS:-30}s per target)"
+  local build=$work/build-fuzz
+  if ! CXX=clang++ cmake -S . -B "$build" -DIDEM_FUZZ=ON >/dev/null ||
+     ! cmake --build "$build" -j2 >/dev/null; then
+    stage_failed "the fuzz targets did not build"
+    return
+  fi
+  local target corpus
+  for target in key canonical_json; do
+    corpus=$work/corpus-$target
+    cp -r "test/fuzz/corpus/$target" "$corpus"
+    if "$build/${target}_fuzz" -max_total_time="${FUZZ_SECONDS:-30}" -max_len=4096 "$corpus" \
+         >"$work/fuzz-$target.log" 2>&1; then
+      echo "${target}_fuzz: $(grep -oE 'Done [0-9]+ runs' "$work/fuzz-$target.log")"
+      count 1 0
+    else
+      tail -n 40 "$work/fuzz-$target.log"
+      stage_failed "${target}_fuzz found a failure"
+    fi
+  done
 }
 
 # make installcheck for one kind of test; the others are switched off.
@@ -69,7 +96,7 @@ run_tap_stage() {
   grep -E '^test/t/|^Files=|^Result' "$log" || true
   local total bad
   total=$(sed -nE 's/^Files=[0-9]+, Tests=([0-9]+),.*/\1/p' "$log")
-  bad=$(grep -oE 'Failed [0-9]+/[0-9]+ subtests' "$log" |
+  bad=$({ grep -oE 'Failed [0-9]+/[0-9]+ subtests' "$log" || true; } |
         awk '{ split($2, n, "/"); sum += n[1] } END { print sum + 0 }')
   if [ -z "$total" ]; then
     cat "$log"
@@ -89,7 +116,11 @@ ensure_packages
 say "build and install"
 build_and_install
 
-if [ "${ONLY:-all}" != sql ]; then run_unit_tests; fi
+if [ "${ONLY:-all}" != sql ]; then
+  run_unit_tests plain ctest
+  run_unit_tests sanitized "ctest under AddressSanitizer and UBSan" -DIDEM_SANITIZE=ON
+  run_fuzzers
+fi
 
 if [ "${ONLY:-all}" != unit ]; then
   # The tests run from a copy owned by postgres, since TAP tests start clusters.

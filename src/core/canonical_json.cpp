@@ -173,10 +173,14 @@ std::uint32_t Parser::parse_hex4() {
   for (int i = 0; i < 4; i++) {
     char c = text_[pos_++];
     code <<= 4;
-    if (c >= '0' && c <= '9') code |= c - '0';
-    else if (c >= 'a' && c <= 'f') code |= c - 'a' + 10;
-    else if (c >= 'A' && c <= 'F') code |= c - 'A' + 10;
-    else invalid("bad hex digit in \\u escape");
+    if (c >= '0' && c <= '9')
+      code |= c - '0';
+    else if (c >= 'a' && c <= 'f')
+      code |= c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F')
+      code |= c - 'A' + 10;
+    else
+      invalid("bad hex digit in \\u escape");
   }
   return code;
 }
@@ -187,10 +191,14 @@ void Parser::copy_utf8_sequence(std::string* out) {
   auto lead = static_cast<unsigned char>(text_[pos_]);
   int length;
   std::uint32_t code;
-  if (lead >= 0xC2 && lead <= 0xDF) length = 2, code = lead & 0x1F;
-  else if (lead >= 0xE0 && lead <= 0xEF) length = 3, code = lead & 0x0F;
-  else if (lead >= 0xF0 && lead <= 0xF4) length = 4, code = lead & 0x07;
-  else invalid("invalid UTF-8");
+  if (lead >= 0xC2 && lead <= 0xDF)
+    length = 2, code = lead & 0x1F;
+  else if (lead >= 0xE0 && lead <= 0xEF)
+    length = 3, code = lead & 0x0F;
+  else if (lead >= 0xF0 && lead <= 0xF4)
+    length = 4, code = lead & 0x07;
+  else
+    invalid("invalid UTF-8");
   if (text_.size() - pos_ < static_cast<std::size_t>(length)) invalid("truncated UTF-8");
   for (int i = 1; i < length; i++) {
     auto byte = static_cast<unsigned char>(text_[pos_ + i]);
@@ -248,8 +256,7 @@ std::string Parser::parse_string() {
         append_utf8(&out, code);
         break;
       }
-      default:
-        invalid("unknown escape");
+      default: invalid("unknown escape");
     }
   }
 }
@@ -360,7 +367,7 @@ std::vector<std::pair<std::size_t, std::size_t>> sorted_members(const std::vecto
 std::string write_canonical(const std::vector<Node>& nodes, std::size_t root) {
   struct Frame {
     std::size_t node;
-    std::size_t next;  // next member or element to write
+    std::size_t next;                                          // next member or element to write
     std::vector<std::pair<std::size_t, std::size_t>> members;  // objects only
   };
   std::string out;
@@ -370,12 +377,8 @@ std::string write_canonical(const std::vector<Node>& nodes, std::size_t root) {
     const Node& node = nodes[value];
     switch (node.kind) {
       case Node::Kind::kLiteral:
-      case Node::Kind::kNumber:
-        out += node.text;
-        break;
-      case Node::Kind::kString:
-        write_string(&out, node.text);
-        break;
+      case Node::Kind::kNumber: out += node.text; break;
+      case Node::Kind::kString: write_string(&out, node.text); break;
       case Node::Kind::kArray:
         out.push_back('[');
         stack.push_back(Frame{value, 0, {}});

@@ -4,14 +4,10 @@ namespace idempotency {
 
 const char* state_name(KeyState state) {
   switch (state) {
-    case KeyState::kPending:
-      return "pending";
-    case KeyState::kCompleted:
-      return "completed";
-    case KeyState::kFailed:
-      return "failed";
-    case KeyState::kAbandoned:
-      return "abandoned";
+    case KeyState::kPending: return "pending";
+    case KeyState::kCompleted: return "completed";
+    case KeyState::kFailed: return "failed";
+    case KeyState::kAbandoned: return "abandoned";
   }
   return "unknown";
 }
@@ -21,11 +17,8 @@ bool parse_state(char stored, KeyState* state) {
     case 'p':
     case 'c':
     case 'f':
-    case 'a':
-      *state = static_cast<KeyState>(stored);
-      return true;
-    default:
-      return false;
+    case 'a': *state = static_cast<KeyState>(stored); return true;
+    default: return false;
   }
 }
 
@@ -48,14 +41,12 @@ ClaimAction decide_claim(const StoredRow* row, std::optional<std::string_view> f
     return ClaimAction::kMismatch;
   switch (row->state) {
     case KeyState::kCompleted:
-    case KeyState::kFailed:
-      return ClaimAction::kReplay;
+    case KeyState::kFailed: return ClaimAction::kReplay;
     case KeyState::kPending:
       // A committed pending row without a lease cannot come from a claim (IK002
       // forbids it); should one be restored from elsewhere, it is stale.
       return lease_is_live(*row, now) ? ClaimAction::kInProgress : ClaimAction::kTakeOver;
-    case KeyState::kAbandoned:
-      return ClaimAction::kTakeOver;
+    case KeyState::kAbandoned: return ClaimAction::kTakeOver;
   }
   return ClaimAction::kTakeOver;
 }

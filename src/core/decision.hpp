@@ -29,7 +29,7 @@ struct StoredRow {
   KeyState state = KeyState::kPending;
   std::int32_t attempt = 1;
   Micros expires_at = 0;
-  std::optional<Micros> lease_expires_at;     // set while a lease claim holds it
+  std::optional<Micros> lease_expires_at;  // set while a lease claim holds it
   std::optional<std::string_view> fingerprint;
   bool written_by_other_in_progress = false;  // xmin or xmax of a running transaction
   bool written_by_this_transaction = false;   // xmin is the calling transaction

@@ -28,10 +28,8 @@ KeyProblem check_key(std::string_view key) noexcept {
 std::string describe(const KeyProblem& problem) {
   char text[160];
   switch (problem.kind) {
-    case KeyProblem::Kind::kNone:
-      return "idem_key is valid";
-    case KeyProblem::Kind::kEmpty:
-      return "idem_key must not be empty";
+    case KeyProblem::Kind::kNone: return "idem_key is valid";
+    case KeyProblem::Kind::kEmpty: return "idem_key must not be empty";
     case KeyProblem::Kind::kTooLong:
       std::snprintf(text, sizeof(text), "idem_key is %zu bytes long, at most %zu are allowed",
                     problem.length, kMaxKeyBytes);

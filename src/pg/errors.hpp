@@ -59,8 +59,8 @@ Datum guarded(FunctionCallInfo fcinfo, Fn fn) {
 }  // namespace idempotency
 
 // Declares the C entry point `name` for SQL and runs `impl` inside the boundary.
-#define IDEM_SQL_FUNCTION(name, impl)                                                   \
-  extern "C" {                                                                         \
-  PG_FUNCTION_INFO_V1(name);                                                           \
-  Datum name(PG_FUNCTION_ARGS) { return idempotency::guarded(fcinfo, impl); }          \
+#define IDEM_SQL_FUNCTION(name, impl)                                         \
+  extern "C" {                                                                \
+  PG_FUNCTION_INFO_V1(name);                                                  \
+  Datum name(PG_FUNCTION_ARGS) { return idempotency::guarded(fcinfo, impl); } \
   }

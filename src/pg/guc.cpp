@@ -37,10 +37,9 @@ void define_settings() {
                           "Rows the reaper changes per transaction.", nullptr,
                           &settings.reaper_batch_size, settings.reaper_batch_size, 1, INT_MAX,
                           PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
-  DefineCustomIntVariable("idempotency.max_workers",
-                          "Reaper processes the launcher may run at once.", nullptr,
-                          &settings.max_workers, settings.max_workers, 1, 64, PGC_SIGHUP, 0,
-                          nullptr, nullptr, nullptr);
+  DefineCustomIntVariable(
+      "idempotency.max_workers", "Reaper processes the launcher may run at once.", nullptr,
+      &settings.max_workers, settings.max_workers, 1, 64, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
   MarkGUCPrefixReserved("idempotency");
 }
 

@@ -30,7 +30,8 @@ void ensure_valid_key(const char* data, size_t length) {
 
 struct varlena* make_key(const char* data, size_t length) {
   ensure_valid_key(data, length);
-  return reinterpret_cast<struct varlena*>(cstring_to_text_with_len(data, static_cast<int>(length)));
+  return reinterpret_cast<struct varlena*>(
+      cstring_to_text_with_len(data, static_cast<int>(length)));
 }
 
 static int compare_keys(FunctionCallInfo fcinfo) {

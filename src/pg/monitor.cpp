@@ -51,18 +51,10 @@ static StateCounts count_exactly(KeyStore* store) {
       continue;
     }
     switch (view.state) {
-      case KeyState::kPending:
-        counts.pending++;
-        break;
-      case KeyState::kCompleted:
-        counts.completed++;
-        break;
-      case KeyState::kFailed:
-        counts.failed++;
-        break;
-      case KeyState::kAbandoned:
-        counts.abandoned++;
-        break;
+      case KeyState::kPending: counts.pending++; break;
+      case KeyState::kCompleted: counts.completed++; break;
+      case KeyState::kFailed: counts.failed++; break;
+      case KeyState::kAbandoned: counts.abandoned++; break;
     }
   }
   table_endscan(scan);

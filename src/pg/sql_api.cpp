@@ -75,8 +75,7 @@ static Interval* ttl_argument(FunctionCallInfo fcinfo, int n, TimestampTz now) {
   return ttl;
 }
 
-static Interval* lease_argument(FunctionCallInfo fcinfo, int n, TimestampTz now,
-                                Interval* ttl) {
+static Interval* lease_argument(FunctionCallInfo fcinfo, int n, TimestampTz now, Interval* ttl) {
   if (PG_ARGISNULL(n)) return nullptr;
   Interval* lease = PG_GETARG_INTERVAL_P(n);
   TimestampTz end = plus(now, lease);
@@ -134,12 +133,11 @@ static void raise_in_progress(const Identity& id) {
   ereport(ERROR, errcode(ERRCODE_IDEM_IN_PROGRESS),
           errmsg("idempotency key \"%s\" in scope \"%s\" is in progress", key_text(id),
                  text_to_cstring(id.scope)),
-          errdetail("Another transaction or a live lease holds it."),
-          errhint("Retry later."));
+          errdetail("Another transaction or a live lease holds it."), errhint("Retry later."));
 }
 
-static void raise_claim_lost(const Identity& id, const Probe& probe,
-                             std::optional<int32_t> attempt) pg_attribute_noreturn();
+static void raise_claim_lost(const Identity& id, const Probe& probe, std::optional<int32_t> attempt)
+    pg_attribute_noreturn();
 static void raise_claim_lost(const Identity& id, const Probe& probe,
                              std::optional<int32_t> attempt) {
   const StoredRow& row = probe.view;
@@ -183,8 +181,8 @@ static void raise_mismatch(const Identity& id) {
 struct ClaimRequest {
   Identity id;
   std::optional<std::string_view> fingerprint;
-  Interval* ttl;           // for a row created by this call
-  Interval* lease;         // null for an in-transaction claim
+  Interval* ttl;    // for a row created by this call
+  Interval* lease;  // null for an in-transaction claim
   TimestampTz started;
   TimestampTz deadline;
 };
@@ -285,16 +283,13 @@ static Datum claim_with(FunctionCallInfo fcinfo, KeyStore* store, const ClaimReq
     switch (action) {
       case ClaimAction::kDuplicate:
         return claim_result(fcinfo, Outcome::kDuplicate, probe.row, std::nullopt);
-      case ClaimAction::kMismatch:
-        raise_mismatch(request.id);
+      case ClaimAction::kMismatch: raise_mismatch(request.id);
       case ClaimAction::kReplay:
         return claim_result(fcinfo, Outcome::kReplay, probe.row, std::nullopt);
       case ClaimAction::kInProgress:
         return claim_result(fcinfo, Outcome::kInProgress, probe.row,
                             *probe.view.lease_expires_at - now);
-      case ClaimAction::kWait:
-        written = WriteResult::kBusy;
-        break;
+      case ClaimAction::kWait: written = WriteResult::kBusy; break;
       case ClaimAction::kInsert:
         row = fresh_claim(request, now);
         written = store_insert(store, &row) ? WriteResult::kDone : WriteResult::kChanged;
@@ -353,9 +348,9 @@ static void apply_finish(const FinishRequest& request, TimestampTz now, KeyRow* 
   switch (request.kind) {
     case Finish::kComplete:
     case Finish::kFail:
-      row->set(kState, CharGetDatum(static_cast<char>(
-                           request.kind == Finish::kComplete ? KeyState::kCompleted
-                                                              : KeyState::kFailed)));
+      row->set(kState,
+               CharGetDatum(static_cast<char>(
+                   request.kind == Finish::kComplete ? KeyState::kCompleted : KeyState::kFailed)));
       if (request.data_null)
         row->clear(kResponse);
       else
@@ -375,8 +370,7 @@ static void apply_finish(const FinishRequest& request, TimestampTz now, KeyRow* 
           row->set(kExpiresAt, TimestampTzGetDatum(lease_end));
       }
       break;
-    case Finish::kRelease:
-      break;
+    case Finish::kRelease: break;
   }
 }
 
@@ -392,12 +386,9 @@ static void finish(const FinishRequest& request, const char* function) {
     TransactionId writer = probe.writer;
     WriteResult written = WriteResult::kBusy;
     switch (decide_finish(probe.found ? &probe.view : nullptr, request.attempt, now)) {
-      case FinishAction::kWait:
-        break;
-      case FinishAction::kClaimLost:
-        raise_claim_lost(request.id, probe, request.attempt);
-      case FinishAction::kNotClaimed:
-        raise_not_claimed(request.id);
+      case FinishAction::kWait: break;
+      case FinishAction::kClaimLost: raise_claim_lost(request.id, probe, request.attempt);
+      case FinishAction::kNotClaimed: raise_not_claimed(request.id);
       case FinishAction::kApply:
         if (request.kind == Finish::kRelease) {
           written = store_delete(&store, &probe.tid, &writer);
@@ -416,8 +407,8 @@ static void finish(const FinishRequest& request, const char* function) {
 }
 
 static FinishRequest finish_arguments(FunctionCallInfo fcinfo, Finish kind, int attempt_arg) {
-  FinishRequest request{identity_arguments(fcinfo), attempt_argument(fcinfo, attempt_arg), kind,
-                        0, true, nullptr};
+  FinishRequest request{
+      identity_arguments(fcinfo), attempt_argument(fcinfo, attempt_arg), kind, 0, true, nullptr};
   return request;
 }
 
@@ -432,7 +423,9 @@ static Datum complete_or_fail(FunctionCallInfo fcinfo, Finish kind) {
   PG_RETURN_VOID();
 }
 
-static Datum complete(FunctionCallInfo fcinfo) { return complete_or_fail(fcinfo, Finish::kComplete); }
+static Datum complete(FunctionCallInfo fcinfo) {
+  return complete_or_fail(fcinfo, Finish::kComplete);
+}
 static Datum fail(FunctionCallInfo fcinfo) { return complete_or_fail(fcinfo, Finish::kFail); }
 
 static Datum release(FunctionCallInfo fcinfo) {
@@ -484,10 +477,8 @@ static Datum once(FunctionCallInfo fcinfo) {
       case ClaimAction::kMismatch:  // no fingerprint: cannot happen
         written = WriteResult::kDone;
         break;
-      case ClaimAction::kInProgress:
-        raise_in_progress(request.id);
-      case ClaimAction::kWait:
-        break;
+      case ClaimAction::kInProgress: raise_in_progress(request.id);
+      case ClaimAction::kWait: break;
       case ClaimAction::kInsert:
         row = fresh_claim(request, now);
         row.set(kState, CharGetDatum(static_cast<char>(KeyState::kCompleted)));
@@ -631,8 +622,8 @@ static Datum abandoned(FunctionCallInfo fcinfo) {
   qsort(found, count, sizeof(AbandonedClaim), oldest_first);
   for (int i = 0; i < count && i < max_rows; i++) {
     const KeyRow& row = found[i].row;
-    Datum values[6] = {row.get(kScope),      row.get(kKey),
-                       row.get(kAttempt),    row.get(kCheckpoint),
+    Datum values[6] = {row.get(kScope),          row.get(kKey),
+                       row.get(kAttempt),        row.get(kCheckpoint),
                        row.get(kCheckpointData), row.get(kFirstClaimedAt)};
     bool nulls[6] = {false, false, false, row.null(kCheckpoint), row.null(kCheckpointData), false};
     tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);

@@ -108,7 +108,8 @@ static void copy_row(TupleTableSlot* slot, KeyRow* row) {
   for (int i = 0; i < kKeysColumns; i++) {
     row->isnull[i] = slot->tts_isnull[i];
     Form_pg_attribute att = TupleDescAttr(desc, i);
-    row->values[i] = row->isnull[i] ? 0 : datumCopy(slot->tts_values[i], att->attbyval, att->attlen);
+    row->values[i] =
+        row->isnull[i] ? 0 : datumCopy(slot->tts_values[i], att->attbyval, att->attlen);
   }
 }
 
@@ -218,19 +219,15 @@ bool store_insert(KeyStore* store, KeyRow* row) {
 static WriteResult write_result(TM_Result result, const TM_FailureData& failure,
                                 TransactionId* writer) {
   switch (result) {
-    case TM_Ok:
-      return WriteResult::kDone;
-    case TM_BeingModified:
-      *writer = failure.xmax;
-      return WriteResult::kBusy;
+    case TM_Ok: return WriteResult::kDone;
+    case TM_BeingModified: *writer = failure.xmax; return WriteResult::kBusy;
     case TM_Updated:
     case TM_Deleted:
       if (IsolationUsesXactSnapshot())
         ereport(ERROR, errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
                 errmsg("could not serialize access due to concurrent update"));
       return WriteResult::kChanged;
-    default:
-      elog(ERROR, "unexpected result %d writing idempotency.keys", static_cast<int>(result));
+    default: elog(ERROR, "unexpected result %d writing idempotency.keys", static_cast<int>(result));
   }
   return WriteResult::kChanged;
 }
@@ -246,8 +243,8 @@ WriteResult store_update(KeyStore* store, ItemPointer tid, KeyRow* row, Transact
   if (result == TM_Ok) {
     store->wrote = true;
     if (update_indexes)
-      list_free(ExecInsertIndexTuples(store->result_rel, slot, store->estate, true, false,
-                                      nullptr, NIL));
+      list_free(
+          ExecInsertIndexTuples(store->result_rel, slot, store->estate, true, false, nullptr, NIL));
     ResetPerTupleExprContext(store->estate);
   }
   return write_result(result, failure, writer);
@@ -318,8 +315,8 @@ int64 store_reap_dropped_roles(KeyStore* store, Snapshot snapshot, int64 max_row
     index_rescan(scan, &key, 1, nullptr, 0);
     bool found = index_getnext_slot(scan, ForwardScanDirection, store->read_slot);
     bool isnull;
-    Oid role = found ? DatumGetObjectId(slot_getattr(store->read_slot, kRole, &isnull))
-                     : InvalidOid;
+    Oid role =
+        found ? DatumGetObjectId(slot_getattr(store->read_slot, kRole, &isnull)) : InvalidOid;
     index_endscan(scan);
     if (!OidIsValid(role)) break;
     after = role;

@@ -43,9 +43,9 @@ namespace idempotency {
 constexpr int kMaxDatabases = 128;
 
 struct DatabaseState {
-  Oid database;       // InvalidOid: a free entry
-  pid_t worker_pid;   // the worker serving it now, or 0
-  int pause_count;    // commands that need the database to themselves
+  Oid database;      // InvalidOid: a free entry
+  pid_t worker_pid;  // the worker serving it now, or 0
+  int pause_count;   // commands that need the database to themselves
   int64 reaped_total;
   int64 reclaimed_total;
   TimestampTz last_reap_at;
@@ -139,15 +139,11 @@ static int64 sweep_once(Sweep sweep, int64 max_rows) {
   TimestampTz now = GetCurrentTimestamp();
   int64 changed = 0;
   switch (sweep) {
-    case Sweep::kExpired:
-      changed = store_reap_expired(&store, snapshot, now, max_rows);
-      break;
+    case Sweep::kExpired: changed = store_reap_expired(&store, snapshot, now, max_rows); break;
     case Sweep::kDroppedRoles:
       changed = store_reap_dropped_roles(&store, snapshot, max_rows);
       break;
-    case Sweep::kStale:
-      changed = store_abandon_stale(&store, snapshot, now, max_rows);
-      break;
+    case Sweep::kStale: changed = store_abandon_stale(&store, snapshot, now, max_rows); break;
   }
   UnregisterSnapshot(snapshot);
   store_close(&store);
@@ -347,12 +343,8 @@ static void launcher_main(Datum) {
 static Oid database_needed_alone(Node* statement) {
   const char* name = nullptr;
   switch (nodeTag(statement)) {
-    case T_DropdbStmt:
-      name = castNode(DropdbStmt, statement)->dbname;
-      break;
-    case T_AlterDatabaseStmt:
-      name = castNode(AlterDatabaseStmt, statement)->dbname;
-      break;
+    case T_DropdbStmt: name = castNode(DropdbStmt, statement)->dbname; break;
+    case T_AlterDatabaseStmt: name = castNode(AlterDatabaseStmt, statement)->dbname; break;
     case T_RenameStmt:
       if (castNode(RenameStmt, statement)->renameType == OBJECT_DATABASE)
         name = castNode(RenameStmt, statement)->subname;
@@ -366,8 +358,7 @@ static Oid database_needed_alone(Node* statement) {
       }
       break;
     }
-    default:
-      break;
+    default: break;
   }
   return name == nullptr ? InvalidOid : get_database_oid(name, true);
 }

@@ -73,18 +73,13 @@ static void check_claims_finished() {
 static void on_transaction_event(XactEvent event, void*) {
   switch (event) {
     case XACT_EVENT_PRE_COMMIT:
-    case XACT_EVENT_PRE_PREPARE:
-      check_claims_finished();
-      break;
+    case XACT_EVENT_PRE_PREPARE: check_claims_finished(); break;
     case XACT_EVENT_COMMIT:
     case XACT_EVENT_ABORT:
     case XACT_EVENT_PREPARE:
     case XACT_EVENT_PARALLEL_COMMIT:
-    case XACT_EVENT_PARALLEL_ABORT:
-      forget_claims();
-      break;
-    default:
-      break;
+    case XACT_EVENT_PARALLEL_ABORT: forget_claims(); break;
+    default: break;
   }
 }
 

@@ -30,8 +30,8 @@ TEST(DecideClaim, Rule1AbsentOrExpiredIsClaimed) {
 }
 
 TEST(DecideClaim, Rule2MismatchWhateverTheState) {
-  for (KeyState state : {KeyState::kPending, KeyState::kCompleted, KeyState::kFailed,
-                         KeyState::kAbandoned}) {
+  for (KeyState state :
+       {KeyState::kPending, KeyState::kCompleted, KeyState::kFailed, KeyState::kAbandoned}) {
     StoredRow r = row(state);
     r.fingerprint = "a";
     EXPECT_EQ(decide_claim(&r, std::string_view("b"), kNow), ClaimAction::kMismatch);

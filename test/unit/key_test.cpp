@@ -37,10 +37,8 @@ TEST(Key, NamesTheFirstBadByteAndItsPosition) {
     std::size_t position;
     unsigned char byte;
   } cases[] = {
-      {"abc def", 4, 0x20},
-      {"\x7f", 1, 0x7F},
-      {"ok\xc3\xa9", 3, 0xC3},
-      {std::string("a\0b", 3), 2, 0x00},
+      {"abc def", 4, 0x20},    {"\x7f", 1, 0x7F},
+      {"ok\xc3\xa9", 3, 0xC3}, {std::string("a\0b", 3), 2, 0x00},
       {"tab\there", 4, 0x09},
   };
   for (const Case& c : cases) {
