@@ -15,7 +15,7 @@ SHLIB_LINK = -lstdc++ -lcrypto
 REGRESS = key_type claim finish lease fingerprint identity bad_input settings reaper
 REGRESS_OPTS = --inputdir=.
 
-ISOLATION = claim_wait once_race isolation_levels opposite_order lease_takeover
+ISOLATION = claim_wait once_race isolation_levels opposite_order lease_takeover reaper_wait
 ISOLATION_OPTS = --inputdir=test/isolation --outputdir=output_iso
 
 TAP_TESTS = 1
