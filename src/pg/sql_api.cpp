@@ -335,6 +335,12 @@ static Datum claim(FunctionCallInfo fcinfo) {
 
 enum class Finish { kComplete, kFail, kRelease, kCheckpoint };
 
+// A claim this transaction made in-transaction and has not finished yet.
+static bool is_own_open_claim(const StoredRow& view) {
+  return view.state == KeyState::kPending && view.written_by_this_transaction &&
+         !view.lease_expires_at;
+}
+
 struct FinishRequest {
   Identity id;
   std::optional<int32_t> attempt;
@@ -399,7 +405,11 @@ static void finish(const FinishRequest& request, const char* function) {
         }
         break;
     }
-    if (written == WriteResult::kDone) break;
+    if (written == WriteResult::kDone) {
+      if (request.kind != Finish::kCheckpoint && is_own_open_claim(probe.view))
+        note_claim_finished();
+      break;
+    }
     if (written == WriteResult::kBusy && !wait_for_writer(writer, deadline))
       raise_in_progress(request.id);
   }
@@ -519,7 +529,10 @@ static Datum forget(FunctionCallInfo fcinfo) {
       was_live = is_live(probe.view, GetCurrentTimestamp());
       written = store_delete(&store, &probe.tid, &writer);
     }
-    if (written == WriteResult::kDone) break;
+    if (written == WriteResult::kDone) {
+      if (is_own_open_claim(probe.view)) note_claim_finished();
+      break;
+    }
     if (written == WriteResult::kBusy && !wait_for_writer(writer, deadline)) raise_in_progress(id);
   }
   store_close(&store);

@@ -85,9 +85,9 @@ void store_open(KeyStore* store, bool for_write) {
 void store_close(KeyStore* store) {
   if (store->estate != nullptr) {
     ExecCloseIndices(store->result_rel);
-    ExecDropSingleTupleTableSlot(store->write_slot);
     FreeExecutorState(store->estate);
   }
+  if (store->write_slot != nullptr) ExecDropSingleTupleTableSlot(store->write_slot);
   ExecDropSingleTupleTableSlot(store->read_slot);
   index_close(store->index, NoLock);
   table_close(store->heap, NoLock);
@@ -178,18 +178,18 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
   ExecClearTuple(slot);
 }
 
+// Executor state for index maintenance; a HOT update (a completion) needs none.
 static void ensure_executor(KeyStore* store) {
   if (store->estate != nullptr) return;
   store->estate = CreateExecutorState();
   store->result_rel = makeNode(ResultRelInfo);
   InitResultRelInfo(store->result_rel, store->heap, 0, nullptr, 0);
   ExecOpenIndices(store->result_rel, true);
-  store->write_slot = table_slot_create(store->heap, nullptr);
   store->arbiter_indexes = list_make1_oid(RelationGetRelid(store->index));
 }
 
 static TupleTableSlot* store_row_in_slot(KeyStore* store, const KeyRow* row) {
-  ensure_executor(store);
+  if (store->write_slot == nullptr) store->write_slot = table_slot_create(store->heap, nullptr);
   TupleTableSlot* slot = store->write_slot;
   ExecClearTuple(slot);
   memcpy(slot->tts_values, row->values, sizeof(row->values));
@@ -201,6 +201,7 @@ static TupleTableSlot* store_row_in_slot(KeyStore* store, const KeyRow* row) {
 // Speculative insertion, as INSERT ... ON CONFLICT does it: a concurrent inserter of
 // the same identity makes this insert back out instead of raising a unique violation.
 bool store_insert(KeyStore* store, KeyRow* row) {
+  ensure_executor(store);
   TupleTableSlot* slot = store_row_in_slot(store, row);
   TransactionId xid = GetCurrentTransactionId();
   uint32 token = SpeculativeInsertionLockAcquire(xid);
@@ -242,10 +243,12 @@ WriteResult store_update(KeyStore* store, ItemPointer tid, KeyRow* row, Transact
                          InvalidSnapshot, false, &failure, &lock_mode, &update_indexes);
   if (result == TM_Ok) {
     store->wrote = true;
-    if (update_indexes)
+    if (update_indexes) {
+      ensure_executor(store);
       list_free(
           ExecInsertIndexTuples(store->result_rel, slot, store->estate, true, false, nullptr, NIL));
-    ResetPerTupleExprContext(store->estate);
+      ResetPerTupleExprContext(store->estate);
+    }
   }
   return write_result(result, failure, writer);
 }
@@ -333,20 +336,26 @@ int64 store_reap_dropped_roles(KeyStore* store, Snapshot snapshot, int64 max_row
   return deleted;
 }
 
+// Short transactions usually end within a millisecond, so the first sleeps are
+// short; the backoff caps at 5 ms.
 bool wait_for_writer(TransactionId writer, TimestampTz deadline) {
-  long sleep_ms = 1;
+  long sleep_us = 50;
   for (;;) {
     if (TransactionIdIsValid(writer) && ConditionalXactLockTableWait(writer)) return true;
     TimestampTz now = GetCurrentTimestamp();
     if (now >= deadline) return false;
-    long remaining_ms = TimestampDifferenceMilliseconds(now, deadline);
-    (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-                    Max(1, Min(sleep_ms, remaining_ms)), PG_WAIT_EXTENSION);
-    ResetLatch(MyLatch);
+    long sleep = Min(sleep_us, deadline - now);
+    if (sleep < 1000) {
+      pg_usleep(sleep);  // below WaitLatch's millisecond resolution
+    } else {
+      (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, sleep / 1000,
+                      PG_WAIT_EXTENSION);
+      ResetLatch(MyLatch);
+    }
     CHECK_FOR_INTERRUPTS();
     // Only a row lock without an updater leaves no xid to wait for: probe again.
     if (!TransactionIdIsValid(writer)) return true;
-    sleep_ms = Min(sleep_ms * 2, 10);
+    sleep_us = Min(sleep_us * 2, 5000);
   }
 }
 

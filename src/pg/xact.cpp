@@ -1,7 +1,9 @@
 // A transaction may not commit while one of its in-transaction claims is pending:
 // the key would be stored without its work. The claims are remembered in the order
-// made; at pre-commit each is looked up again, which also sees a completion undone
-// by a rolled-back savepoint.
+// made, with a count of those still open (made minus finished) that each savepoint
+// saves and its rollback restores. At pre-commit a count of zero proves every claim
+// finished; otherwise each claim is looked up again, which also sees a completion
+// undone by a rolled-back savepoint.
 #include "pg/xact.hpp"
 
 #include "pg/errors.hpp"
@@ -25,31 +27,47 @@ static RememberedClaim* claims;
 static int claim_count;
 static int claim_capacity;
 
+static int64 open_claims;
+// open_claims as each open subtransaction found it, innermost last.
+static int64* saved_open_claims;
+static int saved_count;
+static int saved_capacity;
+
+// Appends to an array in TopTransactionContext, doubling it when full.
+template <typename T>
+static T* grow(T* array, int count, int* capacity) {
+  if (count < *capacity) return array;
+  *capacity = *capacity == 0 ? 16 : *capacity * 2;
+  Size size = *capacity * sizeof(T);
+  return static_cast<T*>(array == nullptr ? MemoryContextAlloc(TopTransactionContext, size)
+                                          : repalloc(array, size));
+}
+
 void remember_claim(const Identity& id) {
+  claims = grow(claims, claim_count, &claim_capacity);
   MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
-  if (claim_count == claim_capacity) {
-    claim_capacity = claim_capacity == 0 ? 16 : claim_capacity * 2;
-    claims = claims == nullptr
-                 ? static_cast<RememberedClaim*>(palloc(claim_capacity * sizeof(RememberedClaim)))
-                 : static_cast<RememberedClaim*>(
-                       repalloc(claims, claim_capacity * sizeof(RememberedClaim)));
-  }
   RememberedClaim& claim = claims[claim_count];
   claim.subxact = GetCurrentSubTransactionId();
   claim.id.role = id.role;
   claim.id.scope = static_cast<text*>(PG_DETOAST_DATUM_COPY(PointerGetDatum(id.scope)));
   claim.id.key = PG_DETOAST_DATUM_COPY(PointerGetDatum(id.key));
   claim_count++;
+  open_claims++;
   MemoryContextSwitchTo(old);
 }
+
+void note_claim_finished() { open_claims--; }
 
 static void forget_claims() {
   claims = nullptr;  // freed with TopTransactionContext
   claim_count = claim_capacity = 0;
+  saved_open_claims = nullptr;
+  saved_count = saved_capacity = 0;
+  open_claims = 0;
 }
 
 static void check_claims_finished() {
-  if (claim_count == 0) return;
+  if (claim_count == 0 || open_claims == 0) return;
   KeyStore store;
   store_open(&store, false);
   for (int i = 0; i < claim_count; i++) {
@@ -87,7 +105,16 @@ static void on_transaction_event(XactEvent event, void*) {
 // when it commits.
 static void on_subtransaction_event(SubXactEvent event, SubTransactionId mine,
                                     SubTransactionId parent, void*) {
+  if (event == SUBXACT_EVENT_START_SUB) {
+    saved_open_claims = grow(saved_open_claims, saved_count, &saved_capacity);
+    saved_open_claims[saved_count++] = open_claims;
+    return;
+  }
   if (event != SUBXACT_EVENT_ABORT_SUB && event != SUBXACT_EVENT_COMMIT_SUB) return;
+  if (saved_count > 0) {
+    saved_count--;
+    if (event == SUBXACT_EVENT_ABORT_SUB) open_claims = saved_open_claims[saved_count];
+  }
   while (claim_count > 0 && claims[claim_count - 1].subxact >= mine) {
     if (event == SUBXACT_EVENT_ABORT_SUB) {
       claim_count--;

@@ -1,0 +1,1 @@
+CALL bare_payment(42, 10);

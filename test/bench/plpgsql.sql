@@ -1,0 +1,1 @@
+CALL plpgsql_payment(gen_random_uuid()::text, 42, 10);

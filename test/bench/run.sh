@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# The benchmark: claim path against a bare insert and a hand-written PL/pgSQL layer,
+# replays, hot keys, the reaper, a batch consumer and storage. Not part of CI.
+#   test/bench/run.sh            # ROUNDS=3 SECONDS_PER_RUN=10 CLIENTS=8 by default
+# Prints a Markdown table and writes test/bench/results.md and test/bench/tps.svg.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/lib.sh
+
+ROUNDS=${ROUNDS:-3}
+SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
+CLIENTS=${CLIENTS:-8}
+SCENARIOS=(bare plpgsql ext_new ext_replay ext_hot plpgsql_hot)
+
+work=$(mktemp -d /tmp/idempotency-bench.XXXXXX)
+chmod 755 "$work"
+trap 'stop_cluster "$work/cluster"; rm -rf "$work"' EXIT
+ensure_packages
+build_and_install
+cp test/bench/*.sql "$work/"
+chmod 644 "$work"/*.sql
+port=$(free_port)
+start_cluster "$work/cluster" "$port" "shared_preload_libraries = 'idempotency'" \
+  "max_connections = 50" "shared_buffers = '512MB'" "max_wal_size = '4GB'" \
+  "idempotency.reaper_naptime = '1s'"
+psql_() { runuser -u postgres -- psql -X -q -h 127.0.0.1 -p "$port" -d postgres -v ON_ERROR_STOP=1 "$@"; }
+value() { psql_ -At -c "$1"; }
+psql_ -f "$work/setup.sql"
+
+# pgbench_run SCENARIO SYNC: prints "tps latency_ms failed"
+pgbench_run() {
+  local out
+  out=$(runuser -u postgres -- env PGOPTIONS="-c synchronous_commit=$2" \
+    "$PG_BIN/pgbench" -n -h 127.0.0.1 -p "$port" -c "$CLIENTS" -j 2 -T "$SECONDS_PER_RUN" \
+    -f "$work/$1.sql" postgres 2>&1)
+  local tps latency failed
+  tps=$(sed -nE 's/^tps = ([0-9.]+).*/\1/p' <<<"$out")
+  latency=$(sed -nE 's/^latency average = ([0-9.]+) ms/\1/p' <<<"$out")
+  failed=$(sed -nE 's/^number of failed transactions: ([0-9]+).*/\1/p' <<<"$out")
+  echo "${tps:-0} ${latency:-0} ${failed:-0}"
+}
+
+median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+declare -A results
+for sync in off on; do
+  for round in $(seq "$ROUNDS"); do
+    for scenario in "${SCENARIOS[@]}"; do   # interleaved: A B C ... A B C ...
+      read -r tps latency failed < <(pgbench_run "$scenario" "$sync")
+      results[$sync,$scenario]+="$tps $latency $failed"$'\n'
+      echo "round $round synchronous_commit=$sync $scenario: $tps tps, $latency ms, $failed failed" >&2
+    done
+  done
+done
+
+report=test/bench/results.md
+{
+  echo "| scenario | synchronous_commit | TPS median (min–max) | latency ms | × bare | × plpgsql | failed |"
+  echo "| --- | --- | --- | --- | --- | --- | --- |"
+  for sync in off on; do
+    bare=$(awk 'NF { print $1 }' <<<"${results[$sync,bare]}" | median)
+    plpgsql=$(awk 'NF { print $1 }' <<<"${results[$sync,plpgsql]}" | median)
+    for scenario in "${SCENARIOS[@]}"; do
+      rows=${results[$sync,$scenario]}
+      tps=$(awk 'NF { print $1 }' <<<"$rows" | median)
+      low=$(awk 'NF { print $1 }' <<<"$rows" | sort -n | head -1)
+      high=$(awk 'NF { print $1 }' <<<"$rows" | sort -n | tail -1)
+      latency=$(awk 'NF { print $2 }' <<<"$rows" | median)
+      failed=$(awk 'NF { s += $3 } END { print s + 0 }' <<<"$rows")
+      echo "| $scenario | $sync | $tps ($low–$high) | $latency | $(awk -v a="$tps" -v b="$bare" 'BEGIN { printf "%.2f", a / b }') | $(awk -v a="$tps" -v b="$plpgsql" 'BEGIN { printf "%.2f", a / b }') | $failed |"
+      echo "$sync $scenario $tps" >>"$work/chart.dat"
+    done
+  done
+} >"$report"
+
+# The batch consumer: idem_once over 100,000 message ids in one transaction.
+once_ms=$(value "SELECT extract(epoch FROM clock_timestamp()) * 1000" )
+psql_ -c "SELECT count(*) FROM generate_series(1, 100000) g WHERE idem_once('inbox', ('msg-' || g)::idem_key)" >/dev/null
+once_ms=$(awk -v s="$once_ms" -v e="$(value "SELECT extract(epoch FROM clock_timestamp()) * 1000")" 'BEGIN { print e - s }')
+
+# The reaper: one million expired keys, reaped by the worker on an idle server.
+psql_ -c "ALTER SYSTEM SET idempotency.reaper_enabled = off" -c "SELECT pg_reload_conf()" >/dev/null
+psql_ -c "INSERT INTO idempotency.keys (role, attempt, first_claimed_at, expires_at, state, scope, key, response)
+          SELECT current_user::regrole, 1, now() - interval '2 days', now() - interval '1 day', 'c',
+                 'expired', ('old-' || g)::idem_key, '{\"payment_id\": 1}' FROM generate_series(1, 1000000) g" >/dev/null
+psql_ -c "ANALYZE idempotency.keys" >/dev/null
+stats_ms=$(psql_ -At -c '\timing on' -c "SELECT * FROM idem_stats()" | sed -nE 's/^Time: ([0-9.]+) ms.*/\1/p')
+before=$(value "SELECT coalesce(reaped_total, 0) FROM idem_stats()")
+start=$(date +%s.%N)
+psql_ -c "ALTER SYSTEM SET idempotency.reaper_enabled = on" -c "SELECT pg_reload_conf()" >/dev/null
+until [ "$(value "SELECT count(*) FROM idempotency.keys WHERE scope = 'expired'")" = 0 ]; do sleep 0.2; done
+reap_s=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { print e - s }')
+
+# Storage per key: 36-character keys with the same response in both tables.
+psql_ -c "VACUUM ANALYZE idempotency.keys" -c "VACUUM ANALYZE plpgsql_keys" >/dev/null
+ext_bytes=$(value "SELECT (pg_total_relation_size('idempotency.keys') - pg_relation_size('idempotency.keys', 'fsm') - pg_relation_size('idempotency.keys', 'vm')) / greatest(count(*), 1) FROM idempotency.keys")
+plpgsql_bytes=$(value "SELECT (pg_total_relation_size('plpgsql_keys') - pg_relation_size('plpgsql_keys', 'fsm') - pg_relation_size('plpgsql_keys', 'vm')) / greatest(count(*), 1) FROM plpgsql_keys")
+
+{
+  echo
+  echo "| measure | result |"
+  echo "| --- | --- |"
+  echo "| idem_once, 100,000 keys in one transaction | $(awk -v ms="$once_ms" 'BEGIN { printf "%.0f keys/s (%.0f ms)", 100000000 / ms, ms }') |"
+  echo "| reaper, 1,000,000 expired keys on an idle server | $(awk -v s="$reap_s" 'BEGIN { printf "%.0f keys/s (%.1f s, including up to one naptime of 1 s)", 1000000 / s, s }') |"
+  echo "| idem_stats on a table of over 1,000,000 keys | ${stats_ms} ms |"
+  echo "| bytes per key (table + indexes), extension | $ext_bytes |"
+  echo "| bytes per key (table + indexes), plpgsql | $plpgsql_bytes |"
+  echo
+  echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}'), $CLIENTS clients, $ROUNDS interleaved rounds of ${SECONDS_PER_RUN}s: \`ROUNDS=$ROUNDS SECONDS_PER_RUN=$SECONDS_PER_RUN test/bench/run.sh\`."
+} >>"$report"
+
+if command -v gnuplot >/dev/null; then
+  awk '$1 == "off" { print $2, $3 }' "$work/chart.dat" >"$work/off.dat"
+  awk '$1 == "on" { print $2, $3 }' "$work/chart.dat" >"$work/on.dat"
+  gnuplot <<GNUPLOT
+set terminal svg size 760,380 font "sans,11"
+set output "test/bench/tps.svg"
+set title "TPS by scenario, $CLIENTS clients, medians of $ROUNDS rounds"
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.8 border -1
+set ylabel "transactions per second"
+set key top right
+set grid ytics
+plot "$work/off.dat" using 2:xtic(1) title "synchronous_commit = off", \
+     "$work/on.dat" using 2 title "synchronous_commit = on"
+GNUPLOT
+fi
+cat "$report"

@@ -1,0 +1,78 @@
+-- Benchmark schema: the business table, a bare procedure, a hand-written PL/pgSQL
+-- idempotency layer (what teams write instead), and the extension's procedure.
+CREATE EXTENSION IF NOT EXISTS idempotency;
+
+CREATE TABLE payments (id bigserial PRIMARY KEY, account bigint, amount numeric);
+
+-- 1. bare: the business write and its response only.
+CREATE PROCEDURE bare_payment(p_account bigint, p_amount numeric, INOUT result jsonb DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO payments(account, amount) VALUES (p_account, p_amount)
+    RETURNING jsonb_build_object('payment_id', id, 'amount', amount) INTO result;
+END $$;
+
+-- 2. plpgsql: a straightforward hand-written claim/complete.
+CREATE TABLE plpgsql_keys (
+  scope text NOT NULL, key text NOT NULL, fingerprint bytea, state text NOT NULL,
+  response jsonb, created_at timestamptz NOT NULL DEFAULT now(),
+  expires_at timestamptz NOT NULL, PRIMARY KEY (scope, key));
+CREATE FUNCTION plpgsql_claim(p_scope text, p_key text, p_fingerprint bytea,
+                              OUT outcome text, OUT response jsonb)
+LANGUAGE plpgsql AS $$
+DECLARE r plpgsql_keys;
+BEGIN
+  INSERT INTO plpgsql_keys(scope, key, fingerprint, state, expires_at)
+    VALUES (p_scope, p_key, p_fingerprint, 'pending', now() + interval '24 hours')
+    ON CONFLICT DO NOTHING;
+  IF FOUND THEN outcome := 'claimed'; RETURN; END IF;
+  SELECT * INTO r FROM plpgsql_keys WHERE scope = p_scope AND key = p_key;
+  IF r.fingerprint IS DISTINCT FROM p_fingerprint THEN
+    RAISE EXCEPTION 'fingerprint mismatch' USING ERRCODE = 'IK001';
+  END IF;
+  IF r.state = 'completed' THEN outcome := 'replay'; response := r.response;
+  ELSE outcome := 'in_progress'; END IF;
+END $$;
+CREATE FUNCTION plpgsql_complete(p_scope text, p_key text, p_response jsonb) RETURNS void
+LANGUAGE sql AS $$
+  UPDATE plpgsql_keys SET state = 'completed', response = p_response
+  WHERE scope = p_scope AND key = p_key AND state = 'pending';
+$$;
+CREATE PROCEDURE plpgsql_payment(p_key text, p_account bigint, p_amount numeric,
+                                 INOUT result jsonb DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE c record;
+BEGIN
+  c := plpgsql_claim('payments', p_key,
+         sha256(convert_to(jsonb_build_object('account', p_account, 'amount', p_amount)::text, 'UTF8')));
+  IF c.outcome = 'replay' THEN result := c.response; RETURN; END IF;
+  IF c.outcome = 'in_progress' THEN RETURN; END IF;
+  INSERT INTO payments(account, amount) VALUES (p_account, p_amount)
+    RETURNING jsonb_build_object('payment_id', id, 'amount', amount) INTO result;
+  PERFORM plpgsql_complete('payments', p_key, result);
+END $$;
+
+-- 3-5. the extension: the SPEC's procedure; in_progress returns instead of raising,
+-- so pgbench (which stops a client on an error) can run the hot-key case.
+CREATE PROCEDURE create_payment(p_key idem_key, p_account bigint, p_amount numeric,
+                                INOUT result jsonb DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE c idem_claim_result;
+BEGIN
+  c := idem_claim('payments', p_key,
+                  idem_fingerprint(jsonb_build_object('account', p_account, 'amount', p_amount)));
+  IF c.outcome = 'replay' THEN result := c.response; RETURN; END IF;
+  IF c.outcome = 'in_progress' THEN RETURN; END IF;
+  INSERT INTO payments(account, amount) VALUES (p_account, p_amount)
+    RETURNING jsonb_build_object('payment_id', id, 'amount', amount) INTO result;
+  PERFORM idem_complete('payments', p_key, result);
+END $$;
+
+-- 100,000 completed keys to replay.
+DO $$
+BEGIN
+  PERFORM idem_claim('payments', ('replay-' || g)::idem_key,
+                     idem_fingerprint(jsonb_build_object('account', 42, 'amount', 10))),
+          idem_complete('payments', ('replay-' || g)::idem_key, jsonb_build_object('payment_id', g, 'amount', 10))
+  FROM generate_series(1, 100000) g;
+END $$;
