@@ -15,6 +15,7 @@ extern "C" {
 #include "miscadmin.h"
 #include "storage/latch.h"
 #include "storage/lmgr.h"
+#include "storage/lock.h"
 #include "utils/datum.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
@@ -128,8 +129,23 @@ static void fill_view(const KeyRow& row, StoredRow* view) {
   }
 }
 
+// A speculative insertion lasts as long as its index insertions: poll its lock
+// briefly rather than queue for it, so that lock_timeout never applies.
+static void wait_for_speculative_insertion(TransactionId xid, uint32 token) {
+  LOCKTAG tag;
+  SET_LOCKTAG_SPECULATIVE_INSERTION(tag, xid, token);
+  long sleep_us = 10;
+  while (LockAcquire(&tag, ShareLock, false, true) == LOCKACQUIRE_NOT_AVAIL) {
+    pg_usleep(sleep_us);
+    CHECK_FOR_INTERRUPTS();
+    sleep_us = Min(sleep_us * 2, 1000);
+  }
+  LockRelease(&tag, ShareLock, false);
+}
+
 void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* probe) {
   SnapshotData dirty;
+  Snapshot requested = snapshot;
   bool dirty_read = snapshot == nullptr;
   if (dirty_read) {
     InitDirtySnapshot(dirty);
@@ -139,6 +155,8 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
   init_identity_scankeys(id, keys);
 
   *probe = Probe{};
+  TransactionId speculative_xid = InvalidTransactionId;
+  uint32 speculative_token = 0;
   IndexScanDesc scan = index_beginscan(store->heap, store->index, snapshot, 3, 0);
   index_rescan(scan, keys, 3, nullptr, 0);
   TupleTableSlot* slot = store->read_slot;
@@ -146,6 +164,12 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
   // see the versions another transaction is writing: report the newest of those, so
   // an in_progress result shows the attempt that holds the key.
   while (index_getnext_slot(scan, ForwardScanDirection, slot)) {
+    // Another claim's speculative insertion, which may yet back out: see how it ends.
+    if (dirty_read && dirty.speculativeToken != 0) {
+      speculative_xid = dirty.xmin;
+      speculative_token = dirty.speculativeToken;
+      break;
+    }
     bool should_free;
     HeapTuple tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
     TransactionId xmin = HeapTupleHeaderGetXmin(tuple->t_data);
@@ -176,6 +200,10 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
   }
   index_endscan(scan);
   ExecClearTuple(slot);
+  if (speculative_token != 0) {
+    wait_for_speculative_insertion(speculative_xid, speculative_token);
+    store_probe(store, id, requested, probe);
+  }
 }
 
 // Executor state for index maintenance; a HOT update (a completion) needs none.

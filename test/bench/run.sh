@@ -91,10 +91,31 @@ psql_ -c "ALTER SYSTEM SET idempotency.reaper_enabled = on" -c "SELECT pg_reload
 until [ "$(value "SELECT count(*) FROM idempotency.keys WHERE scope = 'expired'")" = 0 ]; do sleep 0.2; done
 reap_s=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { print e - s }')
 
-# Storage per key: 36-character keys with the same response in both tables.
-psql_ -c "VACUUM ANALYZE idempotency.keys" -c "VACUUM ANALYZE plpgsql_keys" >/dev/null
-ext_bytes=$(value "SELECT (pg_total_relation_size('idempotency.keys') - pg_relation_size('idempotency.keys', 'fsm') - pg_relation_size('idempotency.keys', 'vm')) / greatest(count(*), 1) FROM idempotency.keys")
-plpgsql_bytes=$(value "SELECT (pg_total_relation_size('plpgsql_keys') - pg_relation_size('plpgsql_keys', 'fsm') - pg_relation_size('plpgsql_keys', 'vm')) / greatest(count(*), 1) FROM plpgsql_keys")
+# Storage per key: 100,000 keys of 36 characters (uuids), each with the same
+# response, stored through each layer in a database of its own.
+runuser -u postgres -- "$PG_BIN/createdb" -h 127.0.0.1 -p "$port" storage
+runuser -u postgres -- psql -X -q -h 127.0.0.1 -p "$port" -d storage -v ON_ERROR_STOP=1 -f "$work/setup.sql" >/dev/null
+runuser -u postgres -- psql -X -q -h 127.0.0.1 -p "$port" -d storage -v ON_ERROR_STOP=1 <<'SQL'
+DELETE FROM idempotency.keys;
+BEGIN;
+SELECT count(*) FROM (
+  SELECT idem_claim('payments', u::idem_key, idem_fingerprint(jsonb_build_object('account', 42, 'amount', 10))),
+         idem_complete('payments', u::idem_key, jsonb_build_object('payment_id', g, 'amount', 10))
+  FROM (SELECT gen_random_uuid()::text AS u, g FROM generate_series(1, 100000) g) k) s;
+COMMIT;
+SELECT count(*) FROM (
+  SELECT plpgsql_claim('payments', u, sha256(convert_to(jsonb_build_object('account', 42, 'amount', 10)::text, 'UTF8'))),
+         plpgsql_complete('payments', u, jsonb_build_object('payment_id', g, 'amount', 10))
+  FROM (SELECT gen_random_uuid()::text AS u, g FROM generate_series(1, 100000) g) k) s;
+VACUUM ANALYZE idempotency.keys;
+VACUUM ANALYZE plpgsql_keys;
+SQL
+bytes_per_key() {
+  runuser -u postgres -- psql -X -At -h 127.0.0.1 -p "$port" -d storage -c \
+    "SELECT (pg_table_size('$1') + pg_indexes_size('$1')) / count(*) FROM $1"
+}
+ext_bytes=$(bytes_per_key idempotency.keys)
+plpgsql_bytes=$(bytes_per_key plpgsql_keys)
 
 {
   echo
@@ -103,8 +124,8 @@ plpgsql_bytes=$(value "SELECT (pg_total_relation_size('plpgsql_keys') - pg_relat
   echo "| idem_once, 100,000 keys in one transaction | $(awk -v ms="$once_ms" 'BEGIN { printf "%.0f keys/s (%.0f ms)", 100000000 / ms, ms }') |"
   echo "| reaper, 1,000,000 expired keys on an idle server | $(awk -v s="$reap_s" 'BEGIN { printf "%.0f keys/s (%.1f s, including up to one naptime of 1 s)", 1000000 / s, s }') |"
   echo "| idem_stats on a table of over 1,000,000 keys | ${stats_ms} ms |"
-  echo "| bytes per key (table + indexes), extension | $ext_bytes |"
-  echo "| bytes per key (table + indexes), plpgsql | $plpgsql_bytes |"
+  echo "| bytes per key (table + indexes; 36-character key, response {\"payment_id\": n, \"amount\": 10}), extension | $ext_bytes |"
+  echo "| the same, plpgsql | $plpgsql_bytes |"
   echo
   echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}'), $CLIENTS clients, $ROUNDS interleaved rounds of ${SECONDS_PER_RUN}s: \`ROUNDS=$ROUNDS SECONDS_PER_RUN=$SECONDS_PER_RUN test/bench/run.sh\`."
 } >>"$report"

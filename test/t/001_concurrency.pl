@@ -14,7 +14,7 @@ my $keys = $ENV{IDEM_LOAD_KEYS} // 1000;
 
 my $node = PostgreSQL::Test::Cluster->new('load');
 $node->init;
-$node->append_conf('postgresql.conf', "max_connections = 64\n");
+$node->append_conf('postgresql.conf', "max_connections = 64\nsynchronous_commit = off\n");
 $node->start;
 $node->safe_psql('postgres', q{
   CREATE EXTENSION idempotency;
@@ -68,6 +68,39 @@ is($node->safe_psql('postgres', q{
 	'0', 'every stored response belongs to its business row');
 cmp_ok($node->safe_psql('postgres', q{SELECT count(*) FROM business}), '>', $keys / 4,
 	'the load covered a good share of the key space');
+
+# Hot fresh keys: every 50 ms four new keys that all clients race to claim at once,
+# so claims meet each other's speculative insertions, not only committed rows.
+# One round trip per operation (a procedure, as users call it) makes the races tight.
+$node->safe_psql('postgres', q{
+  CREATE PROCEDURE hot_op(p_key idem_key) LANGUAGE plpgsql AS $$
+  DECLARE c idem_claim_result;
+  BEGIN
+    c := idem_claim('hot', p_key);
+    IF c.outcome <> 'claimed' THEN RETURN; END IF;
+    INSERT INTO business (key, amount) VALUES (p_key::text, 0);
+    PERFORM idem_complete('hot', p_key, '0');
+  END $$;});
+my $hot = q{
+\set k random(1, 4)
+CALL hot_op(('hot-' || (extract(epoch FROM clock_timestamp()) * 20)::bigint || '-' || :k)::idem_key);
+};
+my $hot_seconds = $ENV{IDEM_HOT_SECONDS} // 5;
+$node->pgbench(
+	"--no-vacuum --client=$clients --jobs=2 --time=$hot_seconds",
+	0,
+	[qr{number of failed transactions: 0}],
+	[qr{^$}],
+	"$clients clients racing for fresh hot keys for ${hot_seconds}s, no errors",
+	{ 'idem_hot' => $hot });
+is($node->safe_psql('postgres', q{
+		SELECT (SELECT count(*) FROM business WHERE key LIKE 'hot-%')
+		     = (SELECT count(*) FROM idempotency.keys WHERE scope = 'hot' AND state = 'c')}),
+	't', 'hot keys: business rows == completed keys');
+is($node->safe_psql('postgres', q{
+		SELECT count(*) FROM (SELECT key FROM business WHERE key LIKE 'hot-%'
+		                      GROUP BY key HAVING count(*) > 1) d}),
+	'0', 'hot keys: none applied twice');
 
 # One transaction claims and completes 100,000 distinct keys with the default
 # max_locks_per_transaction: claims take no lock per key.
