@@ -1,5 +1,7 @@
--- idempotency 1.0: the key type, the key store and the claim/finish functions.
 \echo Use "CREATE EXTENSION idempotency" to load this file. \quit
+-- idempotency 1.0: the key type, the key store and the claim/finish functions.
+-- CREATE EXTENSION runs this with search_path set to the target schema, so the
+-- unqualified objects below land there.
 
 -- The store's schema must belong to the extension: refuse one that already exists
 -- (this also refuses CREATE EXTENSION ... SCHEMA idempotency).
@@ -17,101 +19,101 @@ $$;
 ------------------------------------------------------------------------------
 -- idem_key: 1 to 255 visible ASCII bytes, compared bytewise.
 ------------------------------------------------------------------------------
-CREATE TYPE @extschema@.idem_key;
+CREATE TYPE idem_key;
 
-CREATE FUNCTION @extschema@.idem_key_in(cstring) RETURNS @extschema@.idem_key
+CREATE FUNCTION idem_key_in(cstring) RETURNS idem_key
   AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-CREATE FUNCTION @extschema@.idem_key_out(@extschema@.idem_key) RETURNS cstring
+CREATE FUNCTION idem_key_out(idem_key) RETURNS cstring
   AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-CREATE FUNCTION @extschema@.idem_key_recv(internal) RETURNS @extschema@.idem_key
+CREATE FUNCTION idem_key_recv(internal) RETURNS idem_key
   AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-CREATE FUNCTION @extschema@.idem_key_send(@extschema@.idem_key) RETURNS bytea
+CREATE FUNCTION idem_key_send(idem_key) RETURNS bytea
   AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
-CREATE TYPE @extschema@.idem_key (
-  INPUT = @extschema@.idem_key_in,
-  OUTPUT = @extschema@.idem_key_out,
-  RECEIVE = @extschema@.idem_key_recv,
-  SEND = @extschema@.idem_key_send,
+CREATE TYPE idem_key (
+  INPUT = idem_key_in,
+  OUTPUT = idem_key_out,
+  RECEIVE = idem_key_recv,
+  SEND = idem_key_send,
   INTERNALLENGTH = VARIABLE,
   STORAGE = main,
   CATEGORY = 'S'
 );
 
-CREATE FUNCTION @extschema@.idem_key_eq(@extschema@.idem_key, @extschema@.idem_key) RETURNS boolean
+CREATE FUNCTION idem_key_eq(idem_key, idem_key) RETURNS boolean
   AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
-CREATE FUNCTION @extschema@.idem_key_ne(@extschema@.idem_key, @extschema@.idem_key) RETURNS boolean
+CREATE FUNCTION idem_key_ne(idem_key, idem_key) RETURNS boolean
   AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
-CREATE FUNCTION @extschema@.idem_key_lt(@extschema@.idem_key, @extschema@.idem_key) RETURNS boolean
+CREATE FUNCTION idem_key_lt(idem_key, idem_key) RETURNS boolean
   AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
-CREATE FUNCTION @extschema@.idem_key_le(@extschema@.idem_key, @extschema@.idem_key) RETURNS boolean
+CREATE FUNCTION idem_key_le(idem_key, idem_key) RETURNS boolean
   AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
-CREATE FUNCTION @extschema@.idem_key_gt(@extschema@.idem_key, @extschema@.idem_key) RETURNS boolean
+CREATE FUNCTION idem_key_gt(idem_key, idem_key) RETURNS boolean
   AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
-CREATE FUNCTION @extschema@.idem_key_ge(@extschema@.idem_key, @extschema@.idem_key) RETURNS boolean
+CREATE FUNCTION idem_key_ge(idem_key, idem_key) RETURNS boolean
   AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
-CREATE FUNCTION @extschema@.idem_key_cmp(@extschema@.idem_key, @extschema@.idem_key) RETURNS integer
+CREATE FUNCTION idem_key_cmp(idem_key, idem_key) RETURNS integer
   AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
-CREATE FUNCTION @extschema@.idem_key_hash(@extschema@.idem_key) RETURNS integer
+CREATE FUNCTION idem_key_hash(idem_key) RETURNS integer
   AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
-CREATE FUNCTION @extschema@.idem_key_hash_extended(@extschema@.idem_key, bigint) RETURNS bigint
+CREATE FUNCTION idem_key_hash_extended(idem_key, bigint) RETURNS bigint
   AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE STRICT LEAKPROOF PARALLEL SAFE;
 
-CREATE OPERATOR @extschema@.= (
-  LEFTARG = @extschema@.idem_key, RIGHTARG = @extschema@.idem_key,
-  FUNCTION = @extschema@.idem_key_eq, COMMUTATOR = OPERATOR(@extschema@.=),
-  NEGATOR = OPERATOR(@extschema@.<>), RESTRICT = eqsel, JOIN = eqjoinsel, HASHES, MERGES);
-CREATE OPERATOR @extschema@.<> (
-  LEFTARG = @extschema@.idem_key, RIGHTARG = @extschema@.idem_key,
-  FUNCTION = @extschema@.idem_key_ne, COMMUTATOR = OPERATOR(@extschema@.<>),
-  NEGATOR = OPERATOR(@extschema@.=), RESTRICT = neqsel, JOIN = neqjoinsel);
-CREATE OPERATOR @extschema@.< (
-  LEFTARG = @extschema@.idem_key, RIGHTARG = @extschema@.idem_key,
-  FUNCTION = @extschema@.idem_key_lt, COMMUTATOR = OPERATOR(@extschema@.>),
-  NEGATOR = OPERATOR(@extschema@.>=), RESTRICT = scalarltsel, JOIN = scalarltjoinsel);
-CREATE OPERATOR @extschema@.<= (
-  LEFTARG = @extschema@.idem_key, RIGHTARG = @extschema@.idem_key,
-  FUNCTION = @extschema@.idem_key_le, COMMUTATOR = OPERATOR(@extschema@.>=),
-  NEGATOR = OPERATOR(@extschema@.>), RESTRICT = scalarlesel, JOIN = scalarlejoinsel);
-CREATE OPERATOR @extschema@.> (
-  LEFTARG = @extschema@.idem_key, RIGHTARG = @extschema@.idem_key,
-  FUNCTION = @extschema@.idem_key_gt, COMMUTATOR = OPERATOR(@extschema@.<),
-  NEGATOR = OPERATOR(@extschema@.<=), RESTRICT = scalargtsel, JOIN = scalargtjoinsel);
-CREATE OPERATOR @extschema@.>= (
-  LEFTARG = @extschema@.idem_key, RIGHTARG = @extschema@.idem_key,
-  FUNCTION = @extschema@.idem_key_ge, COMMUTATOR = OPERATOR(@extschema@.<=),
-  NEGATOR = OPERATOR(@extschema@.<), RESTRICT = scalargesel, JOIN = scalargejoinsel);
+CREATE OPERATOR = (
+  LEFTARG = idem_key, RIGHTARG = idem_key,
+  FUNCTION = idem_key_eq, COMMUTATOR = OPERATOR(=),
+  NEGATOR = OPERATOR(<>), RESTRICT = eqsel, JOIN = eqjoinsel, HASHES, MERGES);
+CREATE OPERATOR <> (
+  LEFTARG = idem_key, RIGHTARG = idem_key,
+  FUNCTION = idem_key_ne, COMMUTATOR = OPERATOR(<>),
+  NEGATOR = OPERATOR(=), RESTRICT = neqsel, JOIN = neqjoinsel);
+CREATE OPERATOR < (
+  LEFTARG = idem_key, RIGHTARG = idem_key,
+  FUNCTION = idem_key_lt, COMMUTATOR = OPERATOR(>),
+  NEGATOR = OPERATOR(>=), RESTRICT = scalarltsel, JOIN = scalarltjoinsel);
+CREATE OPERATOR <= (
+  LEFTARG = idem_key, RIGHTARG = idem_key,
+  FUNCTION = idem_key_le, COMMUTATOR = OPERATOR(>=),
+  NEGATOR = OPERATOR(>), RESTRICT = scalarlesel, JOIN = scalarlejoinsel);
+CREATE OPERATOR > (
+  LEFTARG = idem_key, RIGHTARG = idem_key,
+  FUNCTION = idem_key_gt, COMMUTATOR = OPERATOR(<),
+  NEGATOR = OPERATOR(<=), RESTRICT = scalargtsel, JOIN = scalargtjoinsel);
+CREATE OPERATOR >= (
+  LEFTARG = idem_key, RIGHTARG = idem_key,
+  FUNCTION = idem_key_ge, COMMUTATOR = OPERATOR(<=),
+  NEGATOR = OPERATOR(<), RESTRICT = scalargesel, JOIN = scalargejoinsel);
 
-CREATE OPERATOR CLASS @extschema@.idem_key_ops
-  DEFAULT FOR TYPE @extschema@.idem_key USING btree AS
-    OPERATOR 1 @extschema@.<,
-    OPERATOR 2 @extschema@.<=,
-    OPERATOR 3 @extschema@.=,
-    OPERATOR 4 @extschema@.>=,
-    OPERATOR 5 @extschema@.>,
-    FUNCTION 1 @extschema@.idem_key_cmp(@extschema@.idem_key, @extschema@.idem_key),
+CREATE OPERATOR CLASS idem_key_ops
+  DEFAULT FOR TYPE idem_key USING btree AS
+    OPERATOR 1 <,
+    OPERATOR 2 <=,
+    OPERATOR 3 =,
+    OPERATOR 4 >=,
+    OPERATOR 5 >,
+    FUNCTION 1 idem_key_cmp(idem_key, idem_key),
     -- Bytewise equality is image equality: lets btree deduplicate entries.
     FUNCTION 4 pg_catalog.btequalimage(oid);
 
-CREATE OPERATOR CLASS @extschema@.idem_key_hash_ops
-  DEFAULT FOR TYPE @extschema@.idem_key USING hash AS
-    OPERATOR 1 @extschema@.=,
-    FUNCTION 1 @extschema@.idem_key_hash(@extschema@.idem_key),
-    FUNCTION 2 @extschema@.idem_key_hash_extended(@extschema@.idem_key, bigint);
+CREATE OPERATOR CLASS idem_key_hash_ops
+  DEFAULT FOR TYPE idem_key USING hash AS
+    OPERATOR 1 =,
+    FUNCTION 1 idem_key_hash(idem_key),
+    FUNCTION 2 idem_key_hash_extended(idem_key, bigint);
 
-CREATE FUNCTION @extschema@.idem_key(text) RETURNS @extschema@.idem_key
+CREATE FUNCTION idem_key(text) RETURNS idem_key
   AS 'MODULE_PATHNAME', 'idem_key_from_text' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-CREATE FUNCTION @extschema@.idem_key(uuid) RETURNS @extschema@.idem_key
+CREATE FUNCTION idem_key(uuid) RETURNS idem_key
   AS 'MODULE_PATHNAME', 'idem_key_from_uuid' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
-CREATE CAST (text AS @extschema@.idem_key)
-  WITH FUNCTION @extschema@.idem_key(text) AS ASSIGNMENT;
-CREATE CAST (varchar AS @extschema@.idem_key)
-  WITH FUNCTION @extschema@.idem_key(text) AS ASSIGNMENT;
-CREATE CAST (uuid AS @extschema@.idem_key)
-  WITH FUNCTION @extschema@.idem_key(uuid) AS ASSIGNMENT;
+CREATE CAST (text AS idem_key)
+  WITH FUNCTION idem_key(text) AS ASSIGNMENT;
+CREATE CAST (varchar AS idem_key)
+  WITH FUNCTION idem_key(text) AS ASSIGNMENT;
+CREATE CAST (uuid AS idem_key)
+  WITH FUNCTION idem_key(uuid) AS ASSIGNMENT;
 -- Same bytes as text; implicit like citext, so text functions accept a key.
-CREATE CAST (@extschema@.idem_key AS text) WITHOUT FUNCTION AS IMPLICIT;
+CREATE CAST (idem_key AS text) WITHOUT FUNCTION AS IMPLICIT;
 
 ------------------------------------------------------------------------------
 -- The key store. Ordinary roles have no rights on it: the C functions read and
@@ -131,7 +133,7 @@ CREATE TABLE idempotency.keys (
   -- p = pending, c = completed, f = failed, a = abandoned
   state            "char"      NOT NULL CHECK (state IN ('p', 'c', 'f', 'a')),
   scope            text        COLLATE "C" NOT NULL,
-  key              @extschema@.idem_key NOT NULL,
+  key              idem_key NOT NULL,
   fingerprint      bytea,
   checkpoint       text,
   checkpoint_data  jsonb,
@@ -156,7 +158,7 @@ SELECT pg_catalog.pg_extension_config_dump('idempotency.keys', '');
 -- Claiming and finishing. Not STRICT: a NULL argument is an error, never a
 -- silently skipped claim.
 ------------------------------------------------------------------------------
-CREATE TYPE @extschema@.idem_claim_result AS (
+CREATE TYPE idem_claim_result AS (
   outcome          text,
   state            text,
   response         jsonb,
@@ -168,72 +170,72 @@ CREATE TYPE @extschema@.idem_claim_result AS (
   expires_at       timestamptz
 );
 
-CREATE FUNCTION @extschema@.idem_claim(scope text, key @extschema@.idem_key,
+CREATE FUNCTION idem_claim(scope text, key idem_key,
     fingerprint bytea DEFAULT NULL, ttl interval DEFAULT NULL,
     lease interval DEFAULT NULL, wait interval DEFAULT NULL)
-  RETURNS @extschema@.idem_claim_result
+  RETURNS idem_claim_result
   AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
 
-CREATE FUNCTION @extschema@.idem_complete(scope text, key @extschema@.idem_key,
+CREATE FUNCTION idem_complete(scope text, key idem_key,
     response jsonb DEFAULT NULL, attempt integer DEFAULT NULL)
   RETURNS void AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
 
-CREATE FUNCTION @extschema@.idem_fail(scope text, key @extschema@.idem_key,
+CREATE FUNCTION idem_fail(scope text, key idem_key,
     error jsonb DEFAULT NULL, attempt integer DEFAULT NULL)
   RETURNS void AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
 
-CREATE FUNCTION @extschema@.idem_release(scope text, key @extschema@.idem_key,
+CREATE FUNCTION idem_release(scope text, key idem_key,
     attempt integer DEFAULT NULL)
   RETURNS void AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
 
-CREATE FUNCTION @extschema@.idem_checkpoint(scope text, key @extschema@.idem_key,
+CREATE FUNCTION idem_checkpoint(scope text, key idem_key,
     point text, data jsonb DEFAULT NULL, attempt integer DEFAULT NULL)
   RETURNS void AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
 
-CREATE FUNCTION @extschema@.idem_once(scope text, key @extschema@.idem_key,
+CREATE FUNCTION idem_once(scope text, key idem_key,
     ttl interval DEFAULT NULL, wait interval DEFAULT NULL)
   RETURNS boolean AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
 
-CREATE FUNCTION @extschema@.idem_forget(scope text, key @extschema@.idem_key)
+CREATE FUNCTION idem_forget(scope text, key idem_key)
   RETURNS boolean AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
 
 ------------------------------------------------------------------------------
 -- Reading, deriving, fingerprints.
 ------------------------------------------------------------------------------
-CREATE FUNCTION @extschema@.idem_lookup(scope text, key @extschema@.idem_key)
+CREATE FUNCTION idem_lookup(scope text, key idem_key)
   RETURNS TABLE(state text, response jsonb, attempt integer, checkpoint text,
                 checkpoint_data jsonb, first_claimed_at timestamptz,
                 expires_at timestamptz, lease_expires_at timestamptz)
   AS 'MODULE_PATHNAME' LANGUAGE C STABLE ROWS 1;
 
-CREATE FUNCTION @extschema@.idem_fingerprint(jsonb) RETURNS bytea
+CREATE FUNCTION idem_fingerprint(jsonb) RETURNS bytea
   AS 'MODULE_PATHNAME', 'idem_fingerprint_jsonb' LANGUAGE C IMMUTABLE PARALLEL SAFE;
-CREATE FUNCTION @extschema@.idem_fingerprint(text) RETURNS bytea
+CREATE FUNCTION idem_fingerprint(text) RETURNS bytea
   AS 'MODULE_PATHNAME', 'idem_fingerprint_text' LANGUAGE C IMMUTABLE PARALLEL SAFE;
-CREATE FUNCTION @extschema@.idem_fingerprint(bytea) RETURNS bytea
+CREATE FUNCTION idem_fingerprint(bytea) RETURNS bytea
   AS 'MODULE_PATHNAME', 'idem_fingerprint_bytea' LANGUAGE C IMMUTABLE PARALLEL SAFE;
 
-CREATE FUNCTION @extschema@.idem_derive(root @extschema@.idem_key, step text)
-  RETURNS @extschema@.idem_key
+CREATE FUNCTION idem_derive(root idem_key, step text)
+  RETURNS idem_key
   AS 'MODULE_PATHNAME' LANGUAGE C IMMUTABLE PARALLEL SAFE;
 
-CREATE FUNCTION @extschema@.idem_abandoned(scope text DEFAULT NULL, max_rows integer DEFAULT 100)
-  RETURNS TABLE(scope text, key @extschema@.idem_key, attempt integer, checkpoint text,
+CREATE FUNCTION idem_abandoned(scope text DEFAULT NULL, max_rows integer DEFAULT 100)
+  RETURNS TABLE(scope text, key idem_key, attempt integer, checkpoint text,
                 checkpoint_data jsonb, first_claimed_at timestamptz)
   AS 'MODULE_PATHNAME' LANGUAGE C STABLE;
 
 ------------------------------------------------------------------------------
 -- Expiry and monitoring. Both see every role's keys, so neither is PUBLIC.
 ------------------------------------------------------------------------------
-CREATE FUNCTION @extschema@.idem_reap(max_rows bigint DEFAULT NULL) RETURNS bigint
+CREATE FUNCTION idem_reap(max_rows bigint DEFAULT NULL) RETURNS bigint
   AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
-REVOKE ALL ON FUNCTION @extschema@.idem_reap(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idem_reap(bigint) FROM PUBLIC;
 
-CREATE FUNCTION @extschema@.idem_stats()
+CREATE FUNCTION idem_stats()
   RETURNS TABLE(keys_total bigint, pending bigint, completed bigint, failed bigint,
                 abandoned bigint, expired_awaiting_reap bigint, reaped_total bigint,
                 reclaimed_total bigint, last_reap_at timestamptz, last_reap_ms bigint,
                 worker_pid integer)
   AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
-REVOKE ALL ON FUNCTION @extschema@.idem_stats() FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION @extschema@.idem_stats() TO pg_monitor;
+REVOKE ALL ON FUNCTION idem_stats() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idem_stats() TO pg_monitor;

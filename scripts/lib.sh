@@ -1,69 +1,154 @@
-# Shared by scripts/demo.sh and test/run_all.sh: packages, build, throwaway clusters.
-# Source it; it defines functions and PG_BIN, and changes nothing by itself.
+# Shared by scripts/demo.sh, test/run_all.sh and test/bench/run.sh (source it from the
+# repository root): the Debian packages, the build, and throwaway PostgreSQL clusters.
+# Sourcing it defines functions and variables and changes nothing else.
+#
+# PostgreSQL refuses to run as root, so every cluster here is created and run by the
+# postgres OS user, in a directory of its own, listening on 127.0.0.1 only.
+# Every function returns non-zero on failure, also when called inside `if` or `||`
+# (where `set -e` does not apply).
 
 PG_BIN=/usr/lib/postgresql/15/bin
+PG_CONFIG=$PG_BIN/pg_config
 export PATH="$PG_BIN:$PATH"
+# English messages, UTF-8 clusters and byte-order sorting, whatever the machine's locale
+# (pg_regress compares output byte by byte).
+export LANG=C.UTF-8 LC_ALL=C.UTF-8
 
+# Everything the demo, the build and every kind of test need on Debian 12. clang and
+# libclang-rt-14-dev are for the libFuzzer targets.
 REQUIRED_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libssl-dev
                    g++ make cmake libgtest-dev libipc-run-perl perl clang libclang-rt-14-dev)
 
+# A section banner.
 say() { printf '\n== %s\n' "$*"; }
 
-# Installs the Debian packages that are missing (all of them are checked in CI).
+# Installs the packages that are missing; in CI (CI=true) installs all of them, which
+# also brings them up to date. apt-get update runs only when something is installed.
 ensure_packages() {
-  local missing=()
+  # Once per run: .ci/run installs, then test/run_all.sh finds everything there.
+  [ "${IDEM_PACKAGES_ENSURED:-}" = 1 ] && return 0
+  local package wanted=()
   for package in "${REQUIRED_PACKAGES[@]}"; do
-    dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
-  done
-  if [ "${#missing[@]}" -gt 0 ]; then
-    say "installing ${missing[*]}"
-    if [ "$(id -u)" -ne 0 ]; then
-      echo "run as root to install: ${missing[*]}" >&2
-      return 1
+    if [ "${CI:-}" = true ] ||
+       ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed'; then
+      wanted+=("$package")
     fi
-    DEBIAN_FRONTEND=noninteractive apt-get update -q
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}"
+  done
+  if [ "${#wanted[@]}" -eq 0 ]; then
+    export IDEM_PACKAGES_ENSURED=1
+    return 0
   fi
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "missing packages (run as root to install them): ${wanted[*]}" >&2
+    return 1
+  fi
+  say "installing ${wanted[*]}"
+  DEBIAN_FRONTEND=noninteractive apt-get update -q &&
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+      -o Dpkg::Use-Pty=0 "${wanted[@]}" &&
+    export IDEM_PACKAGES_ENSURED=1
 }
 
-# Builds and installs the extension from the repository root.
+# Builds the extension in the current directory (the repository root) and installs it.
 build_and_install() {
-  make -s -j2 PG_CONFIG="$PG_BIN/pg_config"
-  make -s install PG_CONFIG="$PG_BIN/pg_config"
+  make -s -j2 PG_CONFIG="$PG_CONFIG" && make -s install PG_CONFIG="$PG_CONFIG"
 }
 
-# A port nobody listens on.
+# True when the extension's library is installed, so it may be preloaded.
+library_installed() {
+  [ -f "$("$PG_CONFIG" --pkglibdir)/idempotency.so" ]
+}
+
+# Prints a TCP port that nothing on 127.0.0.1 listens on, from 54320-54999, starting
+# at a random place so that runs side by side rarely pick the same one.
 free_port() {
-  local port
-  for port in $(seq 54320 54399); do
+  local i port offset=$((RANDOM % 680))
+  for ((i = 0; i < 680; i++)); do
+    port=$((54320 + (offset + i) % 680))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       echo "$port"
-      return
+      return 0
     fi
   done
+  echo "no free TCP port in 54320-54999" >&2
   return 1
 }
 
-# start_cluster DIR PORT [SETTING...]: a fresh cluster in DIR, owned by the postgres
-# OS user (PostgreSQL will not run as root), listening on 127.0.0.1 only.
-start_cluster() {
-  local dir=$1 port=$2
-  shift 2
-  mkdir -p "$dir"
-  chown postgres "$dir"
-  runuser -u postgres -- "$PG_BIN/initdb" -D "$dir/data" -A trust -U postgres >/dev/null
+# init_cluster DIR [SETTING...]: a fresh data directory DIR/data owned by postgres,
+# trusting local connections, with the given postgresql.conf lines
+# (e.g. "shared_preload_libraries = 'idempotency'"). Its socket and log go in DIR.
+init_cluster() {
+  local dir=$1 setting
+  shift
+  mkdir -p "$dir" && chown postgres: "$dir" && chmod 755 "$dir" || return 1
+  runuser -u postgres -- "$PG_BIN/initdb" -D "$dir/data" -A trust -U postgres \
+    -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; return 1; }
   {
     echo "listen_addresses = '127.0.0.1'"
-    echo "port = $port"
     echo "unix_socket_directories = '$dir'"
     for setting in "$@"; do echo "$setting"; done
   } >>"$dir/data/postgresql.conf"
-  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
 }
 
+# launch_cluster DIR PORT: starts the cluster of init_cluster on PORT and waits until
+# it accepts connections. On failure the log is in DIR/server.log.
+launch_cluster() {
+  local dir=$1 port=$2
+  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w -t 120 \
+    -o "-c port=$port" start >/dev/null 2>&1
+}
+
+# start_cluster DIR PORT [SETTING...]: init_cluster and launch_cluster in one.
+start_cluster() {
+  local dir=$1 port=$2
+  shift 2
+  init_cluster "$dir" "$@" || return 1
+  launch_cluster "$dir" "$port" || { tail -n 20 "$dir/server.log" >&2; return 1; }
+}
+
+# start_cluster_on_free_port DIR [SETTING...]: like start_cluster on a port of
+# free_port, trying another one when a concurrent process took it first. Sets
+# CLUSTER_PORT.
+start_cluster_on_free_port() {
+  local dir=$1 port
+  shift
+  init_cluster "$dir" "$@" || return 1
+  for _ in 1 2 3 4 5; do
+    port=$(free_port) || return 1
+    if launch_cluster "$dir" "$port"; then
+      # shellcheck disable=SC2034  # for the caller
+      CLUSTER_PORT=$port
+      return 0
+    fi
+    grep -q 'could not bind\|could not create any TCP/IP sockets' "$dir/server.log" 2>/dev/null || break
+  done
+  echo "the cluster in $dir did not start:" >&2
+  tail -n 20 "$dir/server.log" >&2
+  return 1
+}
+
+# stop_cluster DIR: stops the cluster of start_cluster if it runs (fast, else
+# immediate); quiet, and never fails.
 stop_cluster() {
-  local dir=$1
-  [ -f "$dir/data/postmaster.pid" ] &&
-    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null 2>&1
+  stop_data_directory "$1/data"
+}
+
+# stop_data_directory DATADIR: stops the postmaster of one data directory, if any.
+stop_data_directory() {
+  local data=$1
+  [ -f "$data/postmaster.pid" ] || return 0
+  runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$data" -m fast -w -t 30 stop >/dev/null 2>&1 ||
+    runuser -u postgres -- "$PG_BIN/pg_ctl" -D "$data" -m immediate -w -t 30 stop >/dev/null 2>&1 ||
+    true
+}
+
+# stop_clusters_under DIR: stops every cluster whose data directory lies in DIR (the
+# ones this script started, and the TAP tests' if they were interrupted).
+stop_clusters_under() {
+  local pidfile
+  [ -d "$1" ] || return 0
+  while IFS= read -r pidfile; do
+    stop_data_directory "$(dirname "$pidfile")"
+  done < <(find "$1" -name postmaster.pid -type f 2>/dev/null)
   return 0
 }

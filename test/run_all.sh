@@ -1,143 +1,401 @@
 #!/usr/bin/env bash
-# Runs every test from a fresh clone: installs what it needs, builds and installs
-# the extension, runs the C++ unit tests (ctest), then, against a throwaway cluster
-# and as the postgres OS user, pg_regress, the isolation specs and the TAP tests.
-# Ends with one line "N passed, N failed"; exits non-zero if anything failed.
+# The one test command, for a fresh clone on a fresh Debian 12 machine (run as root):
+#
+#   1. installs the Debian packages it needs (all of them again when CI=true);
+#   2. builds and installs the extension (PGXS);
+#   3. unit tests of the C++ core with ctest, plainly and under ASan/UBSan, and the
+#      libFuzzer targets for FUZZ_SECONDS each (default 30; 0 skips them);
+#   4. from a copy of the repository owned by the postgres OS user, `make installcheck`
+#      three times: pg_regress (REGRESS) and the isolation specs (ISOLATION) against a
+#      throwaway cluster that preloads the library, then the TAP tests (TAP_TESTS),
+#      which start clusters of their own.
+#
+# It ends with exactly one line "N passed, N failed", counting ctest tests, fuzz
+# targets, pg_regress and isolation tests, and TAP assertions; a stage that cannot
+# build or run counts as failed, never as nothing. The exit status is non-zero when
+# anything failed.
+#
+#   ONLY=unit|fuzz|sql|regress|isolation|tap (comma-separated) runs a part;
+#        unit is the two ctest runs and fuzz (no PostgreSQL needed, so no PGXS
+#        build); sql is regress, isolation and tap.
+#   FUZZ_SECONDS=600   fuzzes longer.
+#   KEEP=1             keeps the temporary directory (logs, build trees) for a look.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
+
+ONLY=${ONLY:-all}
+FUZZ_SECONDS=${FUZZ_SECONDS:-30}
+# Upper bounds, so that a hung test ends with a count instead of a killed CI job.
+REGRESS_TIMEOUT=${REGRESS_TIMEOUT:-900}
+ISOLATION_TIMEOUT=${ISOLATION_TIMEOUT:-900}
+TAP_TIMEOUT=${TAP_TIMEOUT:-2400}
 
 work=$(mktemp -d /tmp/idempotency-tests.XXXXXX)
 chmod 755 "$work"
 passed=0
 failed=0
-cleanup() { stop_cluster "$work/cluster"; rm -rf "$work"; }
-trap cleanup EXIT
+finished=no
+port=
+
+# ---------------------------------------------------------------------------------
+# Counting and the final line
+# ---------------------------------------------------------------------------------
 
 count() { passed=$((passed + $1)); failed=$((failed + $2)); }
 
-# A stage that could not run at all counts as one failure, never as nothing.
-stage_failed() { echo "!! $1" >&2; count 0 1; }
-
-# run_unit_tests DIRNAME LABEL [CMAKE OPTION...]
-run_unit_tests() {
-  local build=$work/build-$1 log=$work/ctest-$1.log
-  say "unit tests ($2)"
-  shift 2
-  if cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null &&
-     cmake --build "$build" -j2 >/dev/null; then
-    ctest --test-dir "$build" --output-on-failure 2>&1 | tee "$log" | tail -n 3 || true
-    local line total bad
-    line=$(grep -E 'tests passed, [0-9]+ tests failed out of' "$log" || true)
-    if [ -z "$line" ]; then stage_failed "ctest printed no summary"; return; fi
-    bad=$(sed -E 's/.* ([0-9]+) tests failed out of ([0-9]+).*/\1/' <<<"$line")
-    total=$(sed -E 's/.*out of ([0-9]+).*/\1/' <<<"$line")
-    count $((total - bad)) "$bad"
-  else
-    stage_failed "the unit tests did not build"
-  fi
+# A stage that could not build or run counts as failed (NUMBER times, default once).
+stage_failed() {
+  echo "!! FAILED: $1" >&2
+  count 0 "${2:-1}"
 }
 
-# Each libFuzzer target runs for FUZZ_SECONDS (30 by default; longer by hand) from
-# its committed corpus; a crash or a broken property is one failure.
+# Runs on every exit: stops what this script started, removes its files and prints
+# the final line, which is the last thing printed.
+finish() {
+  local status=$?
+  trap - EXIT
+  set +e
+  if [ "$finished" != yes ]; then
+    echo "!! run_all.sh stopped early (exit status $status); counted as one failure" >&2
+    failed=$((failed + 1))
+  fi
+  stop_clusters_under "$work"
+  if [ -n "${KEEP:-}" ]; then echo "(kept $work)"; else rm -rf "$work"; fi
+  echo
+  echo "$passed passed, $failed failed"
+  if [ "$failed" -gt 0 ]; then exit 1; fi
+  exit "$status"
+}
+trap finish EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+# ---------------------------------------------------------------------------------
+# Parsers: each reads a log and prints "PASSED FAILED"
+# ---------------------------------------------------------------------------------
+
+# ctest's summary: "100% tests passed, 0 tests failed out of 45". Prints nothing when
+# there is no summary (the tests did not run).
+ctest_counts() {
+  sed -nE 's/^[0-9]+% tests passed, ([0-9]+) tests? failed out of ([0-9]+).*/\2 \1/p' "$1" |
+    tail -n 1 | awk '{ print $1 - $2, $2 }'
+}
+
+# pg_regress and pg_isolation_regress, one line per test. PostgreSQL 15 prints
+#   test key_type                     ... ok           12 ms
+#   test claim                        ... FAILED       30 ms
+# (parallel groups indent the name instead of "test"; "failed (ignored)" counts as
+# neither); PostgreSQL 16 and later print "ok 1 - key_type" and "not ok 2 - claim".
+regress_counts() {
+  awk '/ \.\.\. ok( |$)/ || /^ok [0-9]+ / { ok++ }
+       / \.\.\. FAILED/ || /^not ok [0-9]+ / { bad++ }
+       END { print ok + 0, bad + 0 }' "$1"
+}
+
+# prove: every assertion counts. "Files=3, Tests=45, ..." gives the assertions run;
+# the "Test Summary Report" lists each file that failed, as
+#   test/t/001_concurrency.pl (Wstat: 256 (exited 1) Tests: 12 Failed: 1)
+# Its failed assertions count, or one failure if it died without a failed assertion
+# (nonzero Wstat, no plan, ...). "Result: FAIL" with nothing listed counts one failure.
+# Prints nothing when prove printed no "Files=" line (it did not run).
+tap_counts() {
+  awk '
+    /^Files=[0-9]+, Tests=[0-9]+/ { split($2, t, "="); total = t[2] + 0; seen = 1 }
+    /\(Wstat: [0-9]+.*Tests: [0-9]+ Failed: [0-9]+\)/ {
+      match($0, /Failed: [0-9]+\)/); f = substr($0, RSTART + 8, RLENGTH - 9) + 0
+      bad += f; if (f == 0) died++
+    }
+    /^Result: FAIL/ { result_fail = 1 }
+    END {
+      if (!seen) exit
+      if (result_fail && bad + died == 0) died = 1
+      ok = total - bad; if (ok < 0) ok = 0
+      print ok, bad + died
+    }' "$1"
+}
+
+# The files that prove listed as failed, one per line.
+tap_failed_files() {
+  sed -nE 's/^([^ ]+\.pl) +\(Wstat: .*/\1/p' "$1"
+}
+
+# ---------------------------------------------------------------------------------
+# Stages
+# ---------------------------------------------------------------------------------
+
+# describe_status STATUS TIMEOUT: how a `make installcheck` ended, in words.
+describe_status() {
+  case $1 in
+    0) echo "ended" ;;
+    124 | 137) echo "timed out after $2s" ;;
+    *) echo "failed (make exited with $1)" ;;
+  esac
+}
+
+# Is STAGE (or its GROUP) selected by ONLY?
+selected() {
+  local item
+  [ "$ONLY" = all ] && return 0
+  for item in ${ONLY//,/ }; do
+    if [ "$item" = "$1" ] || [ "$item" = "$2" ]; then return 0; fi
+  done
+  return 1
+}
+
+check_only() {
+  local item
+  for item in ${ONLY//,/ }; do
+    case $item in
+      all | unit | fuzz | sql | regress | isolation | tap) ;;
+      *) stage_failed "ONLY=$ONLY: '$item' is none of unit, fuzz, sql, regress, isolation, tap"
+         finished=yes
+         exit 2 ;;
+    esac
+  done
+}
+
+install_packages() {
+  say "packages"
+  if [ "$(id -u)" -ne 0 ]; then
+    stage_failed "run this as root: it installs packages and the extension, and runs clusters as postgres"
+    exit 1
+  fi
+  ensure_packages || { stage_failed "could not install the packages"; exit 1; }
+  echo "all there: ${REQUIRED_PACKAGES[*]}"
+}
+
+# Returns non-zero when the extension did not build or install.
+build_extension() {
+  say "build and install the extension (make && make install)"
+  if build_and_install 2>&1 | tee "$work/build.log"; then
+    echo "installed $("$PG_CONFIG" --pkglibdir)/idempotency.so"
+    return 0
+  fi
+  stage_failed "the extension did not build or install"
+  return 1
+}
+
+# run_ctest NAME TITLE [CMAKE OPTION...]: configures, builds and runs ctest in a build
+# tree of its own.
+run_ctest() {
+  local name=$1 title=$2
+  shift 2
+  say "unit tests: $title"
+  local build=$work/build-$name log=$work/ctest-$name.log counts ok bad
+  if ! { cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" &&
+         cmake --build "$build" -j2; } >"$work/cmake-$name.log" 2>&1; then
+    tail -n 60 "$work/cmake-$name.log"
+    stage_failed "the unit tests ($title) did not build"
+    return
+  fi
+  ctest --test-dir "$build" --output-on-failure >"$log" 2>&1 || true
+  counts=$(ctest_counts "$log")
+  if [ -z "$counts" ]; then
+    cat "$log"
+    stage_failed "ctest ($title) printed no summary"
+    return
+  fi
+  read -r ok bad <<<"$counts"
+  if [ "$bad" -gt 0 ]; then
+    grep -vE '^ +Start +[0-9]+: |^ *[0-9]+/[0-9]+ Test +#[0-9]+: .* Passed ' "$log"
+  else
+    grep -E 'tests passed' "$log"
+  fi
+  if [ $((ok + bad)) -eq 0 ]; then stage_failed "ctest ($title) found no tests"; return; fi
+  count "$ok" "$bad"
+}
+
+# Each libFuzzer target runs FUZZ_SECONDS from a copy of its committed corpus (with
+# test/fuzz/TARGET.dict when there is one); a crash or a broken property is one
+# failure, a clean run one pass.
 run_fuzzers() {
-  say "fuzzing (${FUZZ_SECONDS:-30}s per target)"
-  local build=$work/build-fuzz
-  if ! CXX=clang++ cmake -S . -B "$build" -DIDEM_FUZZ=ON >/dev/null ||
-     ! cmake --build "$build" -j2 >/dev/null; then
+  say "fuzzing (${FUZZ_SECONDS}s per target)"
+  if [ "$FUZZ_SECONDS" = 0 ]; then echo "skipped (FUZZ_SECONDS=0)"; return; fi
+  local build=$work/build-fuzz target corpus log dict
+  if ! { CXX=clang++ cmake -S . -B "$build" -DIDEM_FUZZ=ON &&
+         cmake --build "$build" -j2; } >"$work/cmake-fuzz.log" 2>&1; then
+    tail -n 60 "$work/cmake-fuzz.log"
     stage_failed "the fuzz targets did not build"
     return
   fi
-  local target corpus
   for target in key canonical_json; do
-    corpus=$work/corpus-$target
+    corpus=$work/corpus-$target log=$work/fuzz-$target.log
     cp -r "test/fuzz/corpus/$target" "$corpus"
-    if "$build/${target}_fuzz" -max_total_time="${FUZZ_SECONDS:-30}" -max_len=4096 "$corpus" \
-         >"$work/fuzz-$target.log" 2>&1; then
-      echo "${target}_fuzz: $(grep -oE 'Done [0-9]+ runs' "$work/fuzz-$target.log")"
+    dict=()
+    if [ -f "test/fuzz/$target.dict" ]; then dict=(-dict="test/fuzz/$target.dict"); fi
+    if "$build/${target}_fuzz" -max_total_time="$FUZZ_SECONDS" -max_len=4096 "${dict[@]}" \
+         "$corpus" >"$log" 2>&1; then
+      echo "${target}_fuzz: ok ($(grep -oE 'Done [0-9]+ runs' "$log" || echo 'no run count'))"
       count 1 0
     else
-      tail -n 40 "$work/fuzz-$target.log"
+      tail -n 40 "$log"
       stage_failed "${target}_fuzz found a failure"
     fi
   done
 }
 
-# make installcheck for one kind of test; the others are switched off.
-installcheck() {
-  local log=$1
-  shift
-  (cd "$work/src" && runuser -u postgres -- make installcheck PG_CONFIG="$PG_BIN/pg_config" \
-     PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres "$@") >"$log" 2>&1
+# The Makefile's value of a variable (e.g. REGRESS), read by make itself (the
+# recipe's shell expands globs, as in PROVE_TESTS).
+make_var() {
+  # shellcheck disable=SC2016  # $(...) is make's, not the shell's
+  printf 'print-var:\n\t@echo $(%s)\n' "$1" |
+    make -s --no-print-directory -C "$work/src" -f Makefile -f - print-var PG_CONFIG="$PG_CONFIG"
 }
 
-run_regress_stage() {
-  local name=$1 diffs=$2
-  shift 2
-  say "$name"
-  local log=$work/$name.log status=0
-  installcheck "$log" "$@" || status=$?
-  grep -E '^(test |ok |not ok )' "$log" || true
-  local ok bad
-  ok=$(grep -cE '^test .* \.\.\. ok|^ok ' "$log" || true)
-  bad=$(grep -cE '^test .* \.\.\. FAILED|^not ok ' "$log" || true)
-  if [ "$status" -ne 0 ] && [ "$bad" -eq 0 ]; then
-    cat "$log"
-    stage_failed "$name did not run"
+# The repository without .git and build outputs, owned by postgres: TAP tests start
+# clusters, which must not run as root, and pg_regress writes its results there.
+copy_repository() {
+  mkdir -p "$work/src"
+  tar cf - --exclude=./.git --exclude=./build --exclude=./results --exclude=./output_iso \
+      --exclude=./tmp_check --exclude=./log --exclude='*.o' --exclude='*.so' --exclude='*.bc' \
+      --exclude=./regression.diffs --exclude=./regression.out . | tar xf - -C "$work/src"
+  chown -R postgres: "$work/src"
+}
+
+# The cluster for pg_regress and the isolation specs. The library is preloaded (when
+# installed) with its reaper switched off, so the output does not depend on when the
+# worker runs; test/t/003_worker.pl tests the worker running.
+start_test_cluster() {
+  local settings=("max_prepared_transactions = 10" "idempotency.reaper_enabled = off")
+  if library_installed; then
+    settings+=("shared_preload_libraries = 'idempotency'")
+  else
+    echo "!! the library is not installed: not preloading it" >&2
   fi
-  [ -f "$diffs" ] && [ "$bad" -gt 0 ] && cat "$diffs"
-  count "$ok" "$bad"
+  start_cluster_on_free_port "$work/cluster" "${settings[@]}" || return 1
+  port=$CLUSTER_PORT
+  echo "a throwaway cluster runs on 127.0.0.1:$port"
 }
 
-run_tap_stage() {
-  say "TAP tests"
-  local log=$work/tap.log status=0
-  installcheck "$log" REGRESS= ISOLATION= || status=$?
-  grep -E '^test/t/|^Files=|^Result' "$log" || true
-  local total bad
-  total=$(sed -nE 's/^Files=[0-9]+, Tests=([0-9]+),.*/\1/p' "$log")
-  bad=$({ grep -oE 'Failed [0-9]+/[0-9]+ subtests' "$log" || true; } |
-        awk '{ split($2, n, "/"); sum += n[1] } END { print sum + 0 }')
-  if [ -z "$total" ]; then
-    cat "$log"
-    stage_failed "the TAP tests did not run"
-    return
+# installcheck LOG TIMEOUT [MAKE VARIABLE=VALUE...]: `make installcheck` as postgres in
+# the copy, its output shown and kept in LOG; returns make's status.
+installcheck() {
+  local log=$1 limit=$2
+  shift 2
+  (cd "$work/src" &&
+   runuser -u postgres -- env PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres \
+     timeout -k 30 "$limit" make -s --no-print-directory installcheck PG_CONFIG="$PG_CONFIG" "$@") \
+    2>&1 | tee "$log"
+}
+
+# Crashes, assertion failures and PANICs in the test cluster's log, if any (the tests'
+# own ERRORs are expected and not shown).
+server_trouble() {
+  local log=$work/cluster/server.log
+  if grep -qE 'PANIC|TRAP:|terminated by signal|was terminated by|FATAL' "$log" 2>/dev/null; then
+    say "the test cluster's log: crashes and fatal errors"
+    grep -E -B 2 -A 4 'PANIC|TRAP:|terminated by signal|was terminated by|FATAL' "$log" | tail -n 80
+  fi
+}
+
+# run_pg_regress NAME VARIABLE TIMEOUT DIFFS [MAKE VARIABLE=VALUE...]: pg_regress or
+# pg_isolation_regress for the tests the Makefile lists in VARIABLE, the other kinds
+# switched off. A test that printed no result counts as failed.
+run_pg_regress() {
+  local name=$1 variable=$2 limit=$3 diffs=$4
+  shift 4
+  say "$name ($variable in the Makefile)"
+  local expected status=0 log=$work/$name.log ok bad missing
+  expected=$(make_var "$variable" | wc -w)
+  if [ "$expected" -eq 0 ]; then echo "none listed"; return; fi
+  installcheck "$log" "$limit" "$@" || status=$?
+  read -r ok bad < <(regress_counts "$log")
+  missing=$((expected - ok - bad))
+  if [ "$missing" -lt 0 ]; then missing=0; fi
+  if [ "$status" -ne 0 ] && [ "$bad" -eq 0 ] && [ "$missing" -eq 0 ]; then missing=1; fi
+  count "$ok" "$bad"
+  if [ "$missing" -gt 0 ]; then
+    stage_failed "$name $(describe_status "$status" "$limit"): $missing of $expected tests gave no result" "$missing"
+  fi
+  if [ "$bad" -gt 0 ] || [ "$missing" -gt 0 ]; then
+    if [ -f "$diffs" ]; then
+      say "$name: $diffs"
+      head -n 3000 "$diffs"
+    fi
+    server_trouble
+  fi
+}
+
+run_tap_tests() {
+  say "TAP tests (TAP_TESTS in the Makefile)"
+  local expected status=0 log=$work/tap.log counts ok bad file name server_log
+  if [ -z "$(make_var TAP_TESTS)" ]; then echo "none listed"; return; fi
+  # The test files: PROVE_TESTS as the recipe's shell expands it, else PGXS's t/*.pl.
+  expected=$(make_var PROVE_TESTS | wc -w)
+  if [ "$expected" -eq 0 ]; then expected=$(cd "$work/src" && { compgen -G 't/*.pl' || true; } | wc -l); fi
+  installcheck "$log" "$TAP_TIMEOUT" REGRESS= ISOLATION= || status=$?
+  counts=$(tap_counts "$log")
+  if [ -z "$counts" ]; then
+    # No summary: prove did not run, or was stopped. Each file not reported ok failed.
+    local unfinished=$((expected - $(grep -cE '^[^ ]+\.pl \.+ ok' "$log" || true)))
+    if [ "$unfinished" -lt 1 ]; then unfinished=1; fi
+    stage_failed "the TAP tests $(describe_status "$status" "$TAP_TIMEOUT"): $unfinished of $expected files unfinished" "$unfinished"
+  else
+    read -r ok bad <<<"$counts"
+    if [ "$status" -ne 0 ] && [ "$bad" -eq 0 ]; then bad=1; fi
+    count "$ok" "$bad"
+    if [ "$bad" -gt 0 ]; then echo "!! FAILED: $bad TAP assertions or files" >&2; fi
   fi
   if [ "$status" -ne 0 ]; then
-    cat "$work"/src/tmp_check/log/regress_log_* 2>/dev/null | tail -n 100 || true
-    [ "$bad" -eq 0 ] && bad=1
+    for file in $(tap_failed_files "$log"); do
+      name=$(basename "$file" .pl)
+      say "TAP: tmp_check/log/regress_log_$name (the end)"
+      tail -n 150 "$work/src/tmp_check/log/regress_log_$name" 2>/dev/null || echo "(none)"
+      for server_log in "$work/src/tmp_check/log/${name}"_*.log; do
+        [ -f "$server_log" ] || continue
+        say "TAP: ${server_log#"$work/src/"} (the end)"
+        tail -n 40 "$server_log"
+      done
+    done
   fi
-  count $((total - bad)) "$bad"
 }
 
-say "packages"
-ensure_packages
+# ---------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------
 
-say "build and install"
-build_and_install
+check_only
+install_packages
 
-if [ "${ONLY:-all}" != sql ]; then
-  run_unit_tests plain ctest
-  run_unit_tests sanitized "ctest under AddressSanitizer and UBSan" -DIDEM_SANITIZE=ON
+built=yes
+if selected regress sql || selected isolation sql || selected tap sql; then
+  build_extension || built=no
+fi
+
+if selected unit unit; then
+  run_ctest plain "ctest"
+  run_ctest sanitized "ctest under AddressSanitizer and UBSan" -DIDEM_SANITIZE=ON
+fi
+if selected fuzz unit; then
   run_fuzzers
 fi
 
-if [ "${ONLY:-all}" != unit ]; then
-  # The tests run from a copy owned by postgres, since TAP tests start clusters.
-  mkdir -p "$work/src"
-  tar cf - --exclude=.git --exclude='*.o' --exclude='*.so' . | tar xf - -C "$work/src"
-  chown -R postgres "$work/src"
-  port=$(free_port)
-  # The reaper is loaded but idle here, so pg_regress output does not depend on it;
-  # test/t/003_worker.pl tests it running.
-  start_cluster "$work/cluster" "$port" "shared_preload_libraries = 'idempotency'" \
-    "idempotency.reaper_enabled = off" "max_prepared_transactions = 10"
-  run_regress_stage "regression tests" "$work/src/regression.diffs" ISOLATION= TAP_TESTS=
-  run_regress_stage "isolation tests" "$work/src/output_iso/regression.diffs" REGRESS= TAP_TESTS=
-  stop_cluster "$work/cluster"
-  run_tap_stage
+if selected regress sql || selected isolation sql || selected tap sql; then
+  if [ "$built" = no ]; then
+    stage_failed "SQL, isolation and TAP tests not run: the extension did not build"
+  else
+    copy_repository
+    if selected regress sql || selected isolation sql; then
+      say "throwaway cluster"
+      if start_test_cluster; then
+        if selected regress sql; then
+          run_pg_regress regress REGRESS "$REGRESS_TIMEOUT" "$work/src/regression.diffs" \
+            ISOLATION= TAP_TESTS=
+        fi
+        if selected isolation sql; then
+          run_pg_regress isolation ISOLATION "$ISOLATION_TIMEOUT" \
+            "$work/src/output_iso/regression.diffs" REGRESS= TAP_TESTS=
+        fi
+        stop_cluster "$work/cluster"
+      else
+        stage_failed "the cluster for pg_regress and the isolation tests did not start"
+      fi
+    fi
+    if selected tap sql; then
+      run_tap_tests
+    fi
+  fi
 fi
 
-echo
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finished=yes

@@ -3,423 +3,471 @@
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
-#include <utility>
 #include <vector>
 
 namespace idempotency {
 
 namespace {
 
-constexpr std::size_t kMaxNumberText = 200000;
+constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+// Larger exponents saturate here; any non-zero number with one is refused by the
+// length limit, and zero stays "0" whatever its exponent.
+constexpr std::int64_t kExponentCap = 1000000000000000;
 
-[[noreturn]] void invalid(const char* what) {
-  throw std::invalid_argument(std::string("invalid JSON: ") + what);
-}
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
 
-// A parsed value. Scalars keep their canonical text (strings decoded, unescaped);
-// containers keep their children as indexes into the node table.
-struct Node {
-  enum class Kind { kLiteral, kNumber, kString, kArray, kObject } kind;
-  std::string text;
-  std::vector<std::size_t> children;  // arrays: values; objects: key, value, key, value...
+// The integer and fraction digits of a number, read as one digit string without
+// copying them out of the input.
+struct Digits {
+  std::string_view integer;
+  std::string_view fraction;
+
+  std::size_t size() const { return integer.size() + fraction.size(); }
+  char at(std::size_t i) const {
+    return i < integer.size() ? integer[i] : fraction[i - integer.size()];
+  }
+  void append(std::string* out, std::size_t from, std::size_t to) const {
+    if (from < integer.size()) {
+      std::size_t end = std::min(to, integer.size());
+      out->append(integer.substr(from, end - from));
+      from = end;
+    }
+    if (from < to) out->append(fraction.substr(from - integer.size(), to - from));
+  }
 };
 
-void append_utf8(std::string* out, std::uint32_t code) {
-  if (code < 0x80) {
-    out->push_back(static_cast<char>(code));
-  } else if (code < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (code >> 6)));
-    out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
-  } else if (code < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (code >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (code >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((code >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((code >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (code & 0x3F)));
-  }
-}
-
-class Parser {
+// Canonical text is written to text_ in input order. Object members are cut into a
+// linked list of pieces of text_ at their boundaries, so that an object's `}` can
+// put its members in order by relinking them, however large they are. Text without
+// a reordered object is its own answer.
+class Canonicalizer {
  public:
-  explicit Parser(std::string_view text) : text_(text) {}
+  explicit Canonicalizer(std::string_view input) : in_(input) {
+    text_.reserve(input.size());
+    pieces_.push_back(Piece{0, 0, kNone});
+  }
 
-  // Returns the root's index in nodes().
-  std::size_t parse();
-  const std::vector<Node>& nodes() const { return nodes_; }
+  std::string run();
 
  private:
+  struct Piece {
+    std::size_t begin;
+    std::size_t end;  // fixed when the next piece is cut
+    std::size_t next;
+  };
+  struct Member {
+    std::size_t key_offset;  // decoded key in keys_
+    std::size_t key_size;
+    std::size_t first_piece;  // starts with the ',' written before it, unless ordinal is 0
+    std::size_t last_piece;
+    std::size_t ordinal;  // position in the input
+  };
   struct Frame {
-    std::size_t node;
-    std::size_t key;  // objects: the key awaiting its value
+    bool is_object;
+    std::size_t members_base;  // this object's members are members_[members_base..]
+    std::size_t keys_base;
+    std::size_t open_piece;  // ends with this object's '{'
   };
 
-  bool at_end() const { return pos_ >= text_.size(); }
-  char peek() const { return at_end() ? '\0' : text_[pos_]; }
+  [[noreturn]] void invalid(const char* what) const {
+    throw std::invalid_argument("invalid JSON at offset " + std::to_string(pos_) + ": " + what);
+  }
+  bool at_end() const { return pos_ >= in_.size(); }
+  char peek() const { return at_end() ? '\0' : in_[pos_]; }
   void skip_space() {
-    while (!at_end() && (peek() == ' ' || peek() == '\t' || peek() == '\n' || peek() == '\r'))
+    while (!at_end() &&
+           (in_[pos_] == ' ' || in_[pos_] == '\t' || in_[pos_] == '\n' || in_[pos_] == '\r'))
       pos_++;
   }
-  void expect(char c, const char* what) {
-    skip_space();
-    if (peek() != c) invalid(what);
-    pos_++;
+  std::string_view key(const Member& member) const {
+    return std::string_view(keys_).substr(member.key_offset, member.key_size);
   }
-  std::size_t add(Node::Kind kind, std::string text = {}) {
-    nodes_.push_back(Node{kind, std::move(text), {}});
-    return nodes_.size() - 1;
-  }
-  void attach(std::size_t node);
-  std::size_t parse_member_key();
-  std::string parse_string();
-  std::uint32_t parse_hex4();
-  void copy_utf8_sequence(std::string* out);
-  std::string parse_number();
-  void parse_literal();
 
-  std::string_view text_;
+  std::size_t cut();
+  void begin_member(bool first);
+  void close_object(const Frame& frame);
+  std::string finish();
+  void read_string(std::string* decoded);
+  std::size_t utf8_sequence_length() const;
+  std::uint32_t hex4();
+  void write_code_point(std::uint32_t code, std::string* decoded);
+  void read_number();
+  void read_literal();
+
+  std::string_view in_;
   std::size_t pos_ = 0;
-  std::vector<Node> nodes_;
-  std::vector<Frame> stack_;
-  std::size_t root_ = 0;
+  std::string text_;
+  std::vector<Piece> pieces_;
+  std::size_t current_ = 0;  // the piece text_ is growing; its end is not yet fixed
+  bool reordered_ = false;
+  std::vector<Frame> frames_;
+  std::vector<Member> members_;
+  std::string keys_;
+  std::size_t growth_ = 0;
 };
 
-void Parser::attach(std::size_t node) {
-  if (stack_.empty()) {
-    root_ = node;
-    return;
-  }
-  Frame& frame = stack_.back();
-  std::vector<std::size_t>& children = nodes_[frame.node].children;
-  if (nodes_[frame.node].kind == Node::Kind::kObject) children.push_back(frame.key);
-  children.push_back(node);
+std::size_t Canonicalizer::cut() {
+  pieces_[current_].end = text_.size();
+  pieces_.push_back(Piece{text_.size(), 0, kNone});
+  pieces_[current_].next = pieces_.size() - 1;
+  current_ = pieces_.size() - 1;
+  return current_;
 }
 
-std::size_t Parser::parse_member_key() {
-  skip_space();
-  if (peek() != '"') invalid("object key must be a string");
-  std::size_t key = add(Node::Kind::kString, parse_string());
-  expect(':', "expected ':' after an object key");
-  return key;
-}
-
-std::size_t Parser::parse() {
+std::string Canonicalizer::run() {
   for (;;) {
     // A value is expected here.
     skip_space();
     char c = peek();
-    if (c == '{' || c == '[') {
+    if (c == '[' || c == '{') {
       pos_++;
-      std::size_t node = add(c == '{' ? Node::Kind::kObject : Node::Kind::kArray);
-      attach(node);
-      stack_.push_back(Frame{node, 0});
+      text_.push_back(c);
+      char close = c == '[' ? ']' : '}';
       skip_space();
-      if (peek() == (c == '{' ? '}' : ']')) {
+      if (peek() == close) {
         pos_++;
-        stack_.pop_back();  // empty: go on as after any value
-      } else if (c == '{') {
-        stack_.back().key = parse_member_key();
-        continue;
+        text_.push_back(close);
       } else {
+        frames_.push_back(Frame{c == '{', members_.size(), keys_.size(), current_});
+        if (c == '{') begin_member(true);
         continue;
       }
     } else if (c == '"') {
-      attach(add(Node::Kind::kString, parse_string()));
-    } else if (c == '-' || (c >= '0' && c <= '9')) {
-      attach(add(Node::Kind::kNumber, parse_number()));
+      read_string(nullptr);
+    } else if (c == '-' || is_digit(c)) {
+      read_number();
     } else {
-      std::size_t start = pos_;
-      parse_literal();
-      attach(add(Node::Kind::kLiteral, std::string(text_.substr(start, pos_ - start))));
+      read_literal();
     }
-    // After a value: close containers or move to the next element.
+
+    // After a value: close containers until one continues with ','.
     for (;;) {
-      if (stack_.empty()) {
-        skip_space();
-        if (!at_end()) invalid("unexpected text after the value");
-        return root_;
-      }
       skip_space();
-      Frame& frame = stack_.back();
-      bool is_object = nodes_[frame.node].kind == Node::Kind::kObject;
-      char next = peek();
-      if (at_end()) invalid("unterminated array or object");
-      pos_++;
-      if (next == ',') {
-        if (is_object) frame.key = parse_member_key();
-        break;
+      if (frames_.empty()) {
+        if (!at_end()) invalid("unexpected text after the value");
+        return finish();
       }
-      if (next != (is_object ? '}' : ']')) invalid("expected ',' or the end of an array or object");
-      stack_.pop_back();
+      if (at_end()) invalid("unterminated array or object");
+      char next = in_[pos_++];
+      Frame frame = frames_.back();
+      if (frame.is_object) {
+        if (next != ',' && next != '}') invalid("expected ',' or '}' after an object member");
+        members_.back().last_piece = current_;
+        if (next == ',') {
+          begin_member(false);
+          break;
+        }
+        close_object(frame);
+        members_.resize(frame.members_base);
+        keys_.resize(frame.keys_base);
+      } else {
+        if (next != ',' && next != ']') invalid("expected ',' or ']' after an array element");
+        text_.push_back(next);
+        if (next == ',') break;
+      }
+      frames_.pop_back();
     }
   }
 }
 
-void Parser::parse_literal() {
-  for (std::string_view literal : {"true", "false", "null"}) {
-    if (text_.substr(pos_, literal.size()) == literal) {
-      pos_ += literal.size();
+// Reads `"key":` and starts a member whose text may later move.
+void Canonicalizer::begin_member(bool first) {
+  std::size_t first_piece = cut();
+  if (!first) text_.push_back(',');
+  skip_space();
+  if (peek() != '"') invalid("expected a string as object key");
+  std::size_t key_offset = keys_.size();
+  read_string(&keys_);
+  skip_space();
+  if (peek() != ':') invalid("expected ':' after an object key");
+  pos_++;
+  text_.push_back(':');
+  std::size_t ordinal = members_.size() - frames_.back().members_base;
+  members_.push_back(Member{key_offset, keys_.size() - key_offset, first_piece, kNone, ordinal});
+}
+
+void Canonicalizer::close_object(const Frame& frame) {
+  auto first = members_.begin() + static_cast<std::ptrdiff_t>(frame.members_base);
+  auto last = members_.end();
+  bool in_order = true;
+  for (auto it = first; in_order && it + 1 < last; ++it) in_order = key(it[0]) < key(it[1]);
+  if (in_order) {
+    text_.push_back('}');
+    return;
+  }
+
+  reordered_ = true;
+  // The member that came first has no ',' of its own; this one serves it if it moves.
+  std::size_t comma = cut();
+  text_.push_back(',');
+  std::size_t close = cut();
+  text_.push_back('}');
+  std::sort(first, last, [this](const Member& a, const Member& b) {
+    int order = key(a).compare(key(b));
+    return order != 0 ? order < 0 : a.ordinal < b.ordinal;
+  });
+  std::size_t previous = frame.open_piece;
+  bool leading = true;
+  for (auto it = first; it != last; ++it) {
+    if (it + 1 != last && key(it[0]) == key(it[1])) continue;           // a later duplicate wins
+    if (leading && it->ordinal != 0) pieces_[it->first_piece].begin++;  // drop its ','
+    if (!leading && it->ordinal == 0) {
+      pieces_[previous].next = comma;
+      previous = comma;
+    }
+    pieces_[previous].next = it->first_piece;
+    previous = it->last_piece;
+    leading = false;
+  }
+  pieces_[previous].next = close;
+}
+
+std::string Canonicalizer::finish() {
+  pieces_[current_].end = text_.size();
+  if (!reordered_) return std::move(text_);
+  std::string out;
+  out.reserve(text_.size());
+  for (std::size_t i = 0; i != kNone; i = pieces_[i].next)
+    out.append(text_, pieces_[i].begin, pieces_[i].end - pieces_[i].begin);
+  return out;
+}
+
+// Reads a string and writes it canonically; with `decoded`, also appends its bytes.
+void Canonicalizer::read_string(std::string* decoded) {
+  pos_++;  // the opening quote
+  text_.push_back('"');
+  for (;;) {
+    std::size_t run = pos_;
+    while (!at_end()) {
+      auto c = static_cast<unsigned char>(in_[pos_]);
+      if (c < 0x20 || c == '"' || c == '\\' || c >= 0x80) break;
+      pos_++;
+    }
+    if (pos_ > run) {
+      text_.append(in_, run, pos_ - run);
+      if (decoded) decoded->append(in_, run, pos_ - run);
+    }
+    if (at_end()) invalid("unterminated string");
+    auto c = static_cast<unsigned char>(in_[pos_]);
+    if (c == '"') {
+      pos_++;
+      text_.push_back('"');
       return;
     }
+    if (c < 0x20) invalid("control character in a string");
+    if (c >= 0x80) {
+      std::size_t length = utf8_sequence_length();
+      text_.append(in_, pos_, length);
+      if (decoded) decoded->append(in_, pos_, length);
+      pos_ += length;
+      continue;
+    }
+    pos_++;  // the backslash
+    if (at_end()) invalid("unterminated escape");
+    std::uint32_t code;
+    switch (in_[pos_++]) {
+      case '"': code = '"'; break;
+      case '\\': code = '\\'; break;
+      case '/': code = '/'; break;
+      case 'b': code = '\b'; break;
+      case 'f': code = '\f'; break;
+      case 'n': code = '\n'; break;
+      case 'r': code = '\r'; break;
+      case 't': code = '\t'; break;
+      case 'u':
+        code = hex4();
+        if (code >= 0xDC00 && code <= 0xDFFF) invalid("low surrogate without a high one");
+        if (code >= 0xD800 && code <= 0xDBFF) {
+          if (in_.substr(pos_, 2) != "\\u") invalid("high surrogate without a low one");
+          pos_ += 2;
+          std::uint32_t low = hex4();
+          if (low < 0xDC00 || low > 0xDFFF) invalid("high surrogate without a low one");
+          code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+        }
+        break;
+      default: invalid("unknown escape");
+    }
+    write_code_point(code, decoded);
   }
-  invalid("expected a value");
 }
 
-std::uint32_t Parser::parse_hex4() {
-  if (text_.size() - pos_ < 4) invalid("truncated \\u escape");
+// The length of the well-formed UTF-8 sequence at pos_ (RFC 3629: no overlong forms,
+// no surrogates, nothing past U+10FFFF).
+std::size_t Canonicalizer::utf8_sequence_length() const {
+  auto lead = static_cast<unsigned char>(in_[pos_]);
+  std::size_t length = 0;
+  unsigned char low = 0x80, high = 0xBF;  // the range of the second byte
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) low = 0xA0;
+    if (lead == 0xED) high = 0x9F;
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) low = 0x90;
+    if (lead == 0xF4) high = 0x8F;
+  } else {
+    invalid("invalid UTF-8");
+  }
+  if (in_.size() - pos_ < length) invalid("truncated UTF-8");
+  for (std::size_t i = 1; i < length; i++) {
+    auto byte = static_cast<unsigned char>(in_[pos_ + i]);
+    if (byte < (i == 1 ? low : 0x80) || byte > (i == 1 ? high : 0xBF)) invalid("invalid UTF-8");
+  }
+  return length;
+}
+
+std::uint32_t Canonicalizer::hex4() {
+  if (in_.size() - pos_ < 4) invalid("truncated \\u escape");
   std::uint32_t code = 0;
   for (int i = 0; i < 4; i++) {
-    char c = text_[pos_++];
+    char c = in_[pos_++];
     code <<= 4;
     if (c >= '0' && c <= '9')
-      code |= c - '0';
+      code |= static_cast<std::uint32_t>(c - '0');
     else if (c >= 'a' && c <= 'f')
-      code |= c - 'a' + 10;
+      code |= static_cast<std::uint32_t>(c - 'a' + 10);
     else if (c >= 'A' && c <= 'F')
-      code |= c - 'A' + 10;
+      code |= static_cast<std::uint32_t>(c - 'A' + 10);
     else
       invalid("bad hex digit in \\u escape");
   }
   return code;
 }
 
-// Copies one multi-byte UTF-8 character, refusing overlong forms, surrogates and
-// code points past U+10FFFF.
-void Parser::copy_utf8_sequence(std::string* out) {
-  auto lead = static_cast<unsigned char>(text_[pos_]);
-  int length;
-  std::uint32_t code;
-  if (lead >= 0xC2 && lead <= 0xDF)
-    length = 2, code = lead & 0x1F;
-  else if (lead >= 0xE0 && lead <= 0xEF)
-    length = 3, code = lead & 0x0F;
-  else if (lead >= 0xF0 && lead <= 0xF4)
-    length = 4, code = lead & 0x07;
-  else
-    invalid("invalid UTF-8");
-  if (text_.size() - pos_ < static_cast<std::size_t>(length)) invalid("truncated UTF-8");
-  for (int i = 1; i < length; i++) {
-    auto byte = static_cast<unsigned char>(text_[pos_ + i]);
-    if ((byte & 0xC0) != 0x80) invalid("invalid UTF-8");
-    code = (code << 6) | (byte & 0x3F);
-  }
-  if ((length == 3 && code < 0x800) || (length == 4 && code < 0x10000) || code > 0x10FFFF ||
-      (code >= 0xD800 && code <= 0xDFFF))
-    invalid("invalid UTF-8");
-  out->append(text_.substr(pos_, length));
-  pos_ += length;
-}
-
-std::string Parser::parse_string() {
-  pos_++;  // the opening quote
-  std::string out;
-  for (;;) {
-    if (at_end()) invalid("unterminated string");
-    auto c = static_cast<unsigned char>(text_[pos_]);
-    if (c == '"') {
-      pos_++;
-      return out;
-    }
-    if (c < 0x20) invalid("control character in a string");
-    if (c >= 0x80) {
-      copy_utf8_sequence(&out);
-      continue;
-    }
-    pos_++;
-    if (c != '\\') {
-      out.push_back(static_cast<char>(c));
-      continue;
-    }
-    if (at_end()) invalid("unterminated escape");
-    char escape = text_[pos_++];
-    switch (escape) {
-      case '"': out.push_back('"'); break;
-      case '\\': out.push_back('\\'); break;
-      case '/': out.push_back('/'); break;
-      case 'b': out.push_back('\b'); break;
-      case 'f': out.push_back('\f'); break;
-      case 'n': out.push_back('\n'); break;
-      case 'r': out.push_back('\r'); break;
-      case 't': out.push_back('\t'); break;
-      case 'u': {
-        std::uint32_t code = parse_hex4();
-        if (code >= 0xDC00 && code <= 0xDFFF) invalid("lone low surrogate");
-        if (code >= 0xD800 && code <= 0xDBFF) {
-          if (text_.substr(pos_, 2) != "\\u") invalid("high surrogate without a low one");
-          pos_ += 2;
-          std::uint32_t low = parse_hex4();
-          if (low < 0xDC00 || low > 0xDFFF) invalid("high surrogate without a low one");
-          code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+void Canonicalizer::write_code_point(std::uint32_t code, std::string* decoded) {
+  char utf8[4];
+  std::size_t length;
+  if (code < 0x80) {
+    utf8[0] = static_cast<char>(code);
+    length = 1;
+    static const char kHex[] = "0123456789abcdef";
+    switch (code) {
+      case '"': text_ += "\\\""; break;
+      case '\\': text_ += "\\\\"; break;
+      case '\b': text_ += "\\b"; break;
+      case '\t': text_ += "\\t"; break;
+      case '\n': text_ += "\\n"; break;
+      case '\f': text_ += "\\f"; break;
+      case '\r': text_ += "\\r"; break;
+      default:
+        if (code < 0x20) {
+          text_ += "\\u00";
+          text_.push_back(kHex[code >> 4]);
+          text_.push_back(kHex[code & 0x0F]);
+        } else {
+          text_.push_back(utf8[0]);
         }
-        append_utf8(&out, code);
-        break;
-      }
-      default: invalid("unknown escape");
     }
+  } else {
+    if (code < 0x800) {
+      utf8[0] = static_cast<char>(0xC0 | (code >> 6));
+      length = 2;
+    } else if (code < 0x10000) {
+      utf8[0] = static_cast<char>(0xE0 | (code >> 12));
+      utf8[1] = static_cast<char>(0x80 | ((code >> 6) & 0x3F));
+      length = 3;
+    } else {
+      utf8[0] = static_cast<char>(0xF0 | (code >> 18));
+      utf8[1] = static_cast<char>(0x80 | ((code >> 12) & 0x3F));
+      utf8[2] = static_cast<char>(0x80 | ((code >> 6) & 0x3F));
+      length = 4;
+    }
+    utf8[length - 1] = static_cast<char>(0x80 | (code & 0x3F));
+    text_.append(utf8, length);
   }
+  if (decoded) decoded->append(utf8, length);
 }
 
-// Reads a number and returns it in plain decimal, as the SPEC writes it.
-std::string Parser::parse_number() {
-  bool negative = false;
-  if (peek() == '-') negative = true, pos_++;
-  auto digit = [&] { return !at_end() && peek() >= '0' && peek() <= '9'; };
-  if (!digit()) invalid("expected a digit");
-  std::string digits;  // integer and fraction digits together
+// Reads a number and writes it in plain decimal.
+void Canonicalizer::read_number() {
+  std::size_t start = pos_;
+  bool negative = peek() == '-';
+  if (negative) pos_++;
+  auto take_digits = [this] {
+    std::size_t from = pos_;
+    while (!at_end() && is_digit(in_[pos_])) pos_++;
+    return in_.substr(from, pos_ - from);
+  };
+  if (!is_digit(peek())) invalid("expected a digit");
+  Digits digits;
   if (peek() == '0') {
-    pos_++;
-    digits.push_back('0');
-    if (digit()) invalid("leading zero");
+    digits.integer = in_.substr(pos_++, 1);
+    if (is_digit(peek())) invalid("leading zero");
   } else {
-    while (digit()) digits.push_back(text_[pos_++]);
+    digits.integer = take_digits();
   }
-  // Position of the decimal point within `digits`, moved by the exponent.
-  std::int64_t point = static_cast<std::int64_t>(digits.size());
   if (peek() == '.') {
     pos_++;
-    if (!digit()) invalid("expected a digit after '.'");
-    while (digit()) digits.push_back(text_[pos_++]);
+    if (!is_digit(peek())) invalid("expected a digit after '.'");
+    digits.fraction = take_digits();
   }
+  std::int64_t exponent = 0;
   if (peek() == 'e' || peek() == 'E') {
     pos_++;
-    bool exponent_negative = false;
-    if (peek() == '+' || peek() == '-') exponent_negative = peek() == '-', pos_++;
-    if (!digit()) invalid("expected a digit in the exponent");
-    std::int64_t exponent = 0;
-    while (digit()) {
-      exponent = exponent * 10 + (text_[pos_++] - '0');
-      if (exponent > static_cast<std::int64_t>(kMaxNumberText)) invalid("number too large");
-    }
-    point += exponent_negative ? -exponent : exponent;
+    bool exponent_negative = peek() == '-';
+    if (peek() == '+' || peek() == '-') pos_++;
+    if (!is_digit(peek())) invalid("expected a digit in the exponent");
+    for (char d : take_digits()) exponent = std::min(exponent * 10 + (d - '0'), kExponentCap);
+    if (exponent_negative) exponent = -exponent;
   }
-  // Drop leading zeros (moving the point) and trailing zeros (of the digits only).
-  std::size_t first = digits.find_first_not_of('0');
-  if (first == std::string::npos) return "0";
-  digits.erase(0, first);
-  point -= static_cast<std::int64_t>(first);
-  digits.erase(digits.find_last_not_of('0') + 1);
 
-  auto size = static_cast<std::int64_t>(digits.size());
-  std::int64_t plain = size + (point <= 0 ? 2 - point : (point > size ? point - size : 1));
-  if (plain > static_cast<std::int64_t>(kMaxNumberText)) invalid("number too large");
-  std::string out = negative ? "-" : "";
+  std::size_t first = 0, last = digits.size();
+  while (first < last && digits.at(first) == '0') first++;
+  if (first == last) {
+    text_.push_back('0');
+    return;
+  }
+  while (digits.at(last - 1) == '0') last--;
+  auto significant = static_cast<std::int64_t>(last - first);
+  // How many significant digits precede the decimal point; zero or less: 0.000ddd.
+  std::int64_t point = static_cast<std::int64_t>(digits.integer.size()) + exponent -
+                       static_cast<std::int64_t>(first);
+  std::int64_t length = negative ? 1 : 0;
+  if (point <= 0)
+    length += 2 - point + significant;  // 0.00ddd
+  else if (point < significant)
+    length += significant + 1;  // dd.ddd
+  else
+    length += point;  // ddd00
+  if (length > static_cast<std::int64_t>(kMaxCanonicalNumberChars))
+    invalid("number too long in plain decimal");
+  auto read = static_cast<std::int64_t>(pos_ - start);
+  if (length > read) {
+    growth_ += static_cast<std::size_t>(length - read);
+    if (growth_ > kMaxCanonicalGrowthBytes) invalid("numbers too long in plain decimal");
+  }
+
+  if (negative) text_.push_back('-');
   if (point <= 0) {
-    out += "0.";
-    out.append(static_cast<std::size_t>(-point), '0');
-    out += digits;
-  } else if (point >= size) {
-    out += digits;
-    out.append(static_cast<std::size_t>(point - size), '0');
+    text_ += "0.";
+    text_.append(static_cast<std::size_t>(-point), '0');
+    digits.append(&text_, first, last);
+  } else if (point < significant) {
+    auto split = first + static_cast<std::size_t>(point);
+    digits.append(&text_, first, split);
+    text_.push_back('.');
+    digits.append(&text_, split, last);
   } else {
-    out += digits.substr(0, static_cast<std::size_t>(point));
-    out += '.';
-    out += digits.substr(static_cast<std::size_t>(point));
+    digits.append(&text_, first, last);
+    text_.append(static_cast<std::size_t>(point - significant), '0');
   }
-  return out;
 }
 
-void write_string(std::string* out, const std::string& text) {
-  static const char kHex[] = "0123456789abcdef";
-  out->push_back('"');
-  for (char ch : text) {
-    auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\b': *out += "\\b"; break;
-      case '\t': *out += "\\t"; break;
-      case '\n': *out += "\\n"; break;
-      case '\f': *out += "\\f"; break;
-      case '\r': *out += "\\r"; break;
-      default:
-        if (c < 0x20) {
-          *out += "\\u00";
-          out->push_back(kHex[c >> 4]);
-          out->push_back(kHex[c & 0x0F]);
-        } else {
-          out->push_back(ch);
-        }
+void Canonicalizer::read_literal() {
+  for (std::string_view word : {"true", "false", "null"}) {
+    if (in_.substr(pos_, word.size()) == word) {
+      text_.append(word);
+      pos_ += word.size();
+      return;
     }
   }
-  out->push_back('"');
-}
-
-// Object members in canonical order: by key bytes, the last of equal keys kept.
-std::vector<std::pair<std::size_t, std::size_t>> sorted_members(const std::vector<Node>& nodes,
-                                                                const Node& object) {
-  std::vector<std::pair<std::size_t, std::size_t>> members;
-  for (std::size_t i = 0; i < object.children.size(); i += 2)
-    members.emplace_back(object.children[i], object.children[i + 1]);
-  auto key_of = [&](const std::pair<std::size_t, std::size_t>& m) -> const std::string& {
-    return nodes[m.first].text;
-  };
-  std::stable_sort(members.begin(), members.end(),
-                   [&](const auto& a, const auto& b) { return key_of(a) < key_of(b); });
-  std::vector<std::pair<std::size_t, std::size_t>> unique;
-  for (std::size_t i = 0; i < members.size(); i++)
-    if (i + 1 == members.size() || key_of(members[i]) != key_of(members[i + 1]))
-      unique.push_back(members[i]);
-  return unique;
-}
-
-std::string write_canonical(const std::vector<Node>& nodes, std::size_t root) {
-  struct Frame {
-    std::size_t node;
-    std::size_t next;                                          // next member or element to write
-    std::vector<std::pair<std::size_t, std::size_t>> members;  // objects only
-  };
-  std::string out;
-  std::vector<Frame> stack;
-  std::size_t value = root;
-  for (;;) {
-    const Node& node = nodes[value];
-    switch (node.kind) {
-      case Node::Kind::kLiteral:
-      case Node::Kind::kNumber: out += node.text; break;
-      case Node::Kind::kString: write_string(&out, node.text); break;
-      case Node::Kind::kArray:
-        out.push_back('[');
-        stack.push_back(Frame{value, 0, {}});
-        break;
-      case Node::Kind::kObject:
-        out.push_back('{');
-        stack.push_back(Frame{value, 0, sorted_members(nodes, node)});
-        break;
-    }
-    // Find the next value to write, closing finished containers.
-    for (;;) {
-      if (stack.empty()) return out;
-      Frame& frame = stack.back();
-      const Node& container = nodes[frame.node];
-      bool is_object = container.kind == Node::Kind::kObject;
-      std::size_t count = is_object ? frame.members.size() : container.children.size();
-      if (frame.next == count) {
-        out.push_back(is_object ? '}' : ']');
-        stack.pop_back();
-        continue;
-      }
-      if (frame.next > 0) out.push_back(',');
-      if (is_object) {
-        write_string(&out, nodes[frame.members[frame.next].first].text);
-        out.push_back(':');
-        value = frame.members[frame.next].second;
-      } else {
-        value = container.children[frame.next];
-      }
-      frame.next++;
-      break;
-    }
-  }
+  invalid(at_end() ? "expected a value" : "unexpected character");
 }
 
 }  // namespace
 
-std::string canonical_json(std::string_view json_text) {
-  Parser parser(json_text);
-  std::size_t root = parser.parse();
-  return write_canonical(parser.nodes(), root);
-}
+std::string canonical_json(std::string_view json_text) { return Canonicalizer(json_text).run(); }
 
 }  // namespace idempotency

@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <initializer_list>
 #include <memory>
 #include <stdexcept>
 
@@ -34,10 +35,11 @@ Digest sha256(std::string_view bytes) { return digest_of({bytes}); }
 
 std::string derive_key(std::string_view root, std::string_view step) {
   static const char kHex[] = "0123456789abcdef";
+  // The NUL keeps ("ab", "c") and ("a", "bc") apart; a key never contains one.
   Digest digest = digest_of({root, std::string_view("\0", 1), step});
   std::string key;
   key.reserve(32);
-  for (int i = 0; i < 16; i++) {
+  for (std::size_t i = 0; i < 16; i++) {
     key.push_back(kHex[digest[i] >> 4]);
     key.push_back(kHex[digest[i] & 0x0F]);
   }

@@ -9,7 +9,7 @@ namespace idempotency {
 
 using Digest = std::array<unsigned char, 32>;
 
-// Throws std::runtime_error if OpenSSL fails.
+// Both functions throw std::runtime_error if OpenSSL fails.
 Digest sha256(std::string_view bytes);
 
 // The key of a downstream step: lowercase hex of the first 16 bytes of

@@ -32,11 +32,12 @@ pgbench_run() {
   local out
   out=$(runuser -u postgres -- env PGOPTIONS="-c synchronous_commit=$2" \
     "$PG_BIN/pgbench" -n -h 127.0.0.1 -p "$port" -c "$CLIENTS" -j 2 -T "$SECONDS_PER_RUN" \
-    -f "$work/$1.sql" postgres 2>&1)
+    -f "$work/$1.sql" postgres 2>&1) || true  # an aborted client is counted below
   local tps latency failed
   tps=$(sed -nE 's/^tps = ([0-9.]+).*/\1/p' <<<"$out")
   latency=$(sed -nE 's/^latency average = ([0-9.]+) ms/\1/p' <<<"$out")
   failed=$(sed -nE 's/^number of failed transactions: ([0-9]+).*/\1/p' <<<"$out")
+  if grep -q 'aborted' <<<"$out"; then failed=aborted; fi
   echo "${tps:-0} ${latency:-0} ${failed:-0}"
 }
 
@@ -96,7 +97,7 @@ reap_s=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { print e - s }')
 runuser -u postgres -- "$PG_BIN/createdb" -h 127.0.0.1 -p "$port" storage
 runuser -u postgres -- psql -X -q -h 127.0.0.1 -p "$port" -d storage -v ON_ERROR_STOP=1 -f "$work/setup.sql" >/dev/null
 runuser -u postgres -- psql -X -q -h 127.0.0.1 -p "$port" -d storage -v ON_ERROR_STOP=1 <<'SQL'
-DELETE FROM idempotency.keys;
+TRUNCATE idempotency.keys;  -- drop the replay keys setup.sql stored
 BEGIN;
 SELECT count(*) FROM (
   SELECT idem_claim('payments', u::idem_key, idem_fingerprint(jsonb_build_object('account', 42, 'amount', 10))),
@@ -134,13 +135,14 @@ if command -v gnuplot >/dev/null; then
   awk '$1 == "off" { print $2, $3 }' "$work/chart.dat" >"$work/off.dat"
   awk '$1 == "on" { print $2, $3 }' "$work/chart.dat" >"$work/on.dat"
   gnuplot <<GNUPLOT
-set terminal svg size 760,380 font "sans,11"
+set terminal svg size 760,380 font "sans,11" noenhanced
 set output "test/bench/tps.svg"
 set title "TPS by scenario, $CLIENTS clients, medians of $ROUNDS rounds"
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.8 border -1
 set ylabel "transactions per second"
+set yrange [0:*]
 set key top right
 set grid ytics
 plot "$work/off.dat" using 2:xtic(1) title "synchronous_commit = off", \

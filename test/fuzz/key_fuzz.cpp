@@ -1,21 +1,51 @@
-// libFuzzer target: check_key agrees with the SPEC's rule, byte by byte.
+// libFuzzer target: check_key never crashes and agrees with a plain reading of the
+// SPEC's rule (1 to 255 bytes, each 0x21..0x7E), kind, length, position and byte.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 #include <string_view>
 
 #include "core/key.hpp"
 
+namespace {
+
+using idempotency::KeyProblem;
+
+// The rule as the SPEC states it, written without looking at check_key.
+KeyProblem reference(const std::uint8_t* data, std::size_t size) {
+  KeyProblem expected;
+  expected.length = size;
+  if (size == 0) {
+    expected.kind = KeyProblem::Kind::kEmpty;
+  } else if (size > 255) {
+    expected.kind = KeyProblem::Kind::kTooLong;
+  } else {
+    for (std::size_t i = 0; i < size; i++) {
+      if (data[i] < 0x21 || data[i] > 0x7E) {
+        expected.kind = KeyProblem::Kind::kBadByte;
+        expected.position = i + 1;
+        expected.byte = data[i];
+        break;
+      }
+    }
+  }
+  return expected;
+}
+
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   std::string_view key(reinterpret_cast<const char*>(data), size);
-  bool valid = size >= 1 && size <= idempotency::kMaxKeyBytes;
-  for (std::size_t i = 0; valid && i < size; i++) valid = data[i] >= 0x21 && data[i] <= 0x7E;
-  idempotency::KeyProblem problem = idempotency::check_key(key);
-  if (static_cast<bool>(problem) == valid) std::abort();
-  if (problem.kind == idempotency::KeyProblem::Kind::kBadByte &&
-      (problem.position == 0 || problem.position > size ||
-       data[problem.position - 1] != problem.byte))
+  KeyProblem problem = idempotency::check_key(key);
+  KeyProblem expected = reference(data, size);
+  if (problem.kind != expected.kind || problem.length != expected.length ||
+      problem.position != expected.position || problem.byte != expected.byte ||
+      static_cast<bool>(problem) != (expected.kind != KeyProblem::Kind::kNone))
     std::abort();
-  (void)idempotency::describe(problem);
+  if (problem) {
+    std::string message = idempotency::describe(problem);
+    if (message.rfind("idem_key ", 0) != 0 || message.back() == '.') std::abort();
+  }
   return 0;
 }

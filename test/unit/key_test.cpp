@@ -1,57 +1,132 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <string_view>
 
 #include "core/key.hpp"
 
-using idempotency::check_key;
-using idempotency::describe;
-using Kind = idempotency::KeyProblem::Kind;
+namespace idempotency {
+namespace {
 
-TEST(Key, AcceptsVisibleAscii) {
-  EXPECT_FALSE(check_key("order-1001"));
-  EXPECT_FALSE(check_key("!"));
-  EXPECT_FALSE(check_key("~"));
+using Kind = KeyProblem::Kind;
+
+TEST(CheckKey, AcceptsEveryVisibleAsciiCharacter) {
   std::string all;
   for (int c = 0x21; c <= 0x7E; c++) all.push_back(static_cast<char>(c));
   EXPECT_FALSE(check_key(all));
-  EXPECT_FALSE(check_key(std::string(255, 'k')));
+  EXPECT_FALSE(check_key("order-1001"));
+  EXPECT_FALSE(check_key("!"));
+  EXPECT_FALSE(check_key("~"));
+  KeyProblem none = check_key("k");
+  EXPECT_EQ(none.kind, Kind::kNone);
+  EXPECT_EQ(none.length, 1u);
+  EXPECT_EQ(none.position, 0u);
 }
 
-TEST(Key, RefusesEmpty) {
-  auto problem = check_key("");
+TEST(CheckKey, RefusesEmpty) {
+  KeyProblem problem = check_key("");
+  EXPECT_TRUE(problem);
   EXPECT_EQ(problem.kind, Kind::kEmpty);
+  EXPECT_EQ(problem.length, 0u);
   EXPECT_EQ(describe(problem), "idem_key must not be empty");
 }
 
-TEST(Key, RefusesTooLong) {
-  auto problem = check_key(std::string(256, 'k'));
+TEST(CheckKey, AllowsExactly255Bytes) {
+  std::string key(kMaxKeyBytes, 'k');
+  ASSERT_EQ(key.size(), 255u);
+  EXPECT_FALSE(check_key(key));
+  key.back() = ' ';  // the last byte is still checked
+  KeyProblem problem = check_key(key);
+  EXPECT_EQ(problem.kind, Kind::kBadByte);
+  EXPECT_EQ(problem.position, 255u);
+}
+
+TEST(CheckKey, Refuses256BytesAndMore) {
+  KeyProblem problem = check_key(std::string(256, 'k'));
   EXPECT_EQ(problem.kind, Kind::kTooLong);
   EXPECT_EQ(problem.length, 256u);
   EXPECT_EQ(describe(problem), "idem_key is 256 bytes long, at most 255 are allowed");
+  EXPECT_EQ(describe(check_key(std::string(300, 'k'))),
+            "idem_key is 300 bytes long, at most 255 are allowed");
 }
 
-TEST(Key, NamesTheFirstBadByteAndItsPosition) {
-  struct Case {
-    std::string key;
-    std::size_t position;
-    unsigned char byte;
-  } cases[] = {
-      {"abc def", 4, 0x20},    {"\x7f", 1, 0x7F},
-      {"ok\xc3\xa9", 3, 0xC3}, {std::string("a\0b", 3), 2, 0x00},
-      {"tab\there", 4, 0x09},
+TEST(CheckKey, ReportsLengthBeforeBadBytes) {
+  KeyProblem problem = check_key(std::string(300, ' '));
+  EXPECT_EQ(problem.kind, Kind::kTooLong);
+  EXPECT_EQ(problem.position, 0u);
+}
+
+struct BadByteCase {
+  std::string key;
+  std::size_t position;
+  unsigned char byte;
+  const char* message;
+};
+
+TEST(CheckKey, NamesTheFirstBadByteAndItsPosition) {
+  const BadByteCase cases[] = {
+      {"abc def", 4, 0x20,
+       "idem_key has byte 0x20 at position 4, only visible ASCII characters (0x21 to 0x7E) are "
+       "allowed"},
+      {" lead", 1, 0x20,
+       "idem_key has byte 0x20 at position 1, only visible ASCII characters (0x21 to 0x7E) are "
+       "allowed"},
+      {"\x7f", 1, 0x7F,
+       "idem_key has byte 0x7F at position 1, only visible ASCII characters (0x21 to 0x7E) are "
+       "allowed"},
+      {"ok\x80", 3, 0x80,
+       "idem_key has byte 0x80 at position 3, only visible ASCII characters (0x21 to 0x7E) are "
+       "allowed"},
+      {"caf\xc3\xa9", 4, 0xC3,
+       "idem_key has byte 0xC3 at position 4, only visible ASCII characters (0x21 to 0x7E) are "
+       "allowed"},
+      {"x\xff", 2, 0xFF,
+       "idem_key has byte 0xFF at position 2, only visible ASCII characters (0x21 to 0x7E) are "
+       "allowed"},
+      {std::string("a\0b", 3), 2, 0x00,
+       "idem_key has byte 0x00 at position 2, only visible ASCII characters (0x21 to 0x7E) are "
+       "allowed"},
+      {"tab\there", 4, 0x09,
+       "idem_key has byte 0x09 at position 4, only visible ASCII characters (0x21 to 0x7E) are "
+       "allowed"},
+      {"two  spaces\x7f", 4, 0x20,  // only the first is reported
+       "idem_key has byte 0x20 at position 4, only visible ASCII characters (0x21 to 0x7E) are "
+       "allowed"},
   };
-  for (const Case& c : cases) {
-    auto problem = check_key(c.key);
-    EXPECT_EQ(problem.kind, Kind::kBadByte) << c.key;
-    EXPECT_EQ(problem.position, c.position) << c.key;
-    EXPECT_EQ(problem.byte, c.byte) << c.key;
+  for (const BadByteCase& c : cases) {
+    KeyProblem problem = check_key(c.key);
+    EXPECT_TRUE(problem) << c.message;
+    EXPECT_EQ(problem.kind, Kind::kBadByte) << c.message;
+    EXPECT_EQ(problem.length, c.key.size()) << c.message;
+    EXPECT_EQ(problem.position, c.position) << c.message;
+    EXPECT_EQ(problem.byte, c.byte) << c.message;
+    EXPECT_EQ(describe(problem), c.message);
   }
-  EXPECT_EQ(describe(check_key("abc def")),
-            "idem_key has byte 0x20 at position 4, only visible ASCII characters (0x21 to 0x7E) "
-            "are allowed");
 }
 
-TEST(Key, LengthIsCheckedBeforeBytes) {
-  EXPECT_EQ(check_key(std::string(300, ' ')).kind, Kind::kTooLong);
+TEST(CheckKey, NulIsABadByteNotTheEndOfTheKey) {
+  // A string_view carries its length; a NUL inside must not end the check early.
+  std::string_view key("abc\0", 4);
+  KeyProblem problem = check_key(key);
+  EXPECT_EQ(problem.kind, Kind::kBadByte);
+  EXPECT_EQ(problem.length, 4u);
+  EXPECT_EQ(problem.position, 4u);
+  EXPECT_EQ(problem.byte, 0x00);
 }
+
+TEST(CheckKey, EveryByteOutsideTheRangeIsRefused) {
+  for (int b = 0; b < 256; b++) {
+    std::string key = "k";
+    key.push_back(static_cast<char>(b));
+    bool visible = b >= 0x21 && b <= 0x7E;
+    KeyProblem problem = check_key(key);
+    EXPECT_EQ(static_cast<bool>(problem), !visible) << b;
+    if (!visible) {
+      EXPECT_EQ(problem.position, 2u) << b;
+      EXPECT_EQ(problem.byte, b) << b;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace idempotency
