@@ -101,6 +101,24 @@ FROM idem_lookup('l', 'renew');
 SELECT idem_once('l', 'retry-me') AS applied;
 SELECT state, attempt FROM idem_lookup('l', 'retry-me');
 
+-- A holder that checkpoints in a transaction has not claimed the key in it: finishing
+-- still needs its attempt, and another claim meets the live lease.
+SELECT outcome FROM idem_claim('l', 'holder', lease => '1 hour');
+BEGIN;
+SELECT idem_checkpoint('l', 'holder', 'p1', attempt => 1);
+SELECT outcome, attempt FROM idem_claim('l', 'holder');
+SELECT idem_complete('l', 'holder', '1');
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+-- A lease claim made in this transaction is its own: duplicate, and finished without
+-- an attempt.
+BEGIN;
+SELECT outcome FROM idem_claim('l', 'mine', lease => '1 hour');
+SELECT outcome FROM idem_claim('l', 'mine');
+SELECT idem_complete('l', 'mine', '"done"');
+COMMIT;
+SELECT state, response FROM idem_lookup('l', 'mine');
+
 -- Clean up this role's keys in these scopes.
 SELECT count(*) FROM (SELECT idem_forget(scope, key) FROM idempotency.keys
                       WHERE scope IN ('l', 'other') AND role = current_user::regrole) f;

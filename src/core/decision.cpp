@@ -33,7 +33,7 @@ bool is_live(const StoredRow& row, Micros now) {
 ClaimAction decide_claim(const StoredRow* row, std::optional<std::string_view> fingerprint,
                          Micros now) {
   if (row == nullptr) return ClaimAction::kInsert;
-  if (row->state == KeyState::kPending && row->written_by_this_transaction)
+  if (row->state == KeyState::kPending && row->claimed_by_this_transaction)
     return ClaimAction::kDuplicate;
   if (row->written_by_other_in_progress) return ClaimAction::kWait;
   if (!is_live(*row, now)) return ClaimAction::kReplaceExpired;
@@ -54,7 +54,7 @@ ClaimAction decide_claim(const StoredRow* row, std::optional<std::string_view> f
 FinishAction decide_finish(const StoredRow* row, std::optional<std::int32_t> attempt, Micros now) {
   if (row != nullptr && row->written_by_other_in_progress) return FinishAction::kWait;
   // The calling transaction's own claim stays its own even past a tiny ttl.
-  if (row != nullptr && row->state == KeyState::kPending && row->written_by_this_transaction)
+  if (row != nullptr && row->state == KeyState::kPending && row->claimed_by_this_transaction)
     return (!attempt || *attempt == row->attempt) ? FinishAction::kApply : FinishAction::kClaimLost;
   if (row == nullptr || !is_live(*row, now))
     return attempt ? FinishAction::kClaimLost : FinishAction::kNotClaimed;

@@ -32,7 +32,9 @@ struct StoredRow {
   std::optional<Micros> lease_expires_at;  // set while a lease claim holds it
   std::optional<std::string_view> fingerprint;
   bool written_by_other_in_progress = false;  // xmin or xmax of a running transaction
-  bool written_by_this_transaction = false;   // xmin is the calling transaction
+  // The calling transaction made the pending claim this row holds (in-transaction
+  // or with a lease), as opposed to merely writing it later (a checkpoint).
+  bool claimed_by_this_transaction = false;
 };
 
 // A row is live until it expires, and beyond that while a lease still holds it.

@@ -304,7 +304,7 @@ static Datum claim_with(FunctionCallInfo fcinfo, KeyStore* store, const ClaimReq
         break;
     }
     if (written == WriteResult::kDone) {
-      if (request.lease == nullptr) remember_claim(request.id);
+      remember_claim(request.id, request.lease != nullptr);
       return claim_result(fcinfo, Outcome::kClaimed, row, std::nullopt);
     }
     if (written == WriteResult::kBusy && !wait_for_writer(writer, request.deadline))
@@ -337,7 +337,7 @@ enum class Finish { kComplete, kFail, kRelease, kCheckpoint };
 
 // A claim this transaction made in-transaction and has not finished yet.
 static bool is_own_open_claim(const StoredRow& view) {
-  return view.state == KeyState::kPending && view.written_by_this_transaction &&
+  return view.state == KeyState::kPending && view.claimed_by_this_transaction &&
          !view.lease_expires_at;
 }
 

@@ -3,6 +3,8 @@
 // give up after `wait` without aborting its transaction.
 #include "pg/store.hpp"
 
+#include "pg/xact.hpp"
+
 extern "C" {
 #include "access/genam.h"
 #include "access/heapam.h"
@@ -182,11 +184,11 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
       probe->writer = writer;
       probe->view = StoredRow{};
       probe->view.written_by_other_in_progress = TransactionIdIsValid(writer);
-      probe->view.written_by_this_transaction = TransactionIdIsCurrentTransactionId(xmin);
+      bool written_here = TransactionIdIsCurrentTransactionId(xmin);
       // As ON CONFLICT does: acting on a row the transaction snapshot cannot see
       // would break REPEATABLE READ.
-      if (dirty_read && !probe->view.written_by_other_in_progress &&
-          !probe->view.written_by_this_transaction && IsolationUsesXactSnapshot() &&
+      if (dirty_read && !probe->view.written_by_other_in_progress && !written_here &&
+          IsolationUsesXactSnapshot() &&
           !table_tuple_satisfies_snapshot(store->heap, slot, GetTransactionSnapshot()))
         ereport(ERROR, errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
                 errmsg("could not serialize access due to concurrent update"),
@@ -194,6 +196,10 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
                           "transaction's snapshot was taken."));
       copy_row(slot, &probe->row);
       fill_view(probe->row, &probe->view);
+      // Written here is not always claimed here: a lease holder's checkpoint writes too.
+      probe->view.claimed_by_this_transaction =
+          written_here && probe->view.state == KeyState::kPending &&
+          (!probe->view.lease_expires_at || made_lease_claim(id));
     }
     // Only a version some other transaction is changing can have a successor.
     if (!TransactionIdIsValid(writer) || being_inserted) break;

@@ -19,6 +19,7 @@ namespace idempotency {
 struct RememberedClaim {
   SubTransactionId subxact;  // the subtransaction that made it
   Identity id;               // copied into TopTransactionContext
+  bool lease;                // a lease claim: may commit pending
 };
 
 // An array rather than a List: a batch may claim 100,000 keys, and subtransaction
@@ -43,7 +44,7 @@ static T* grow(T* array, int count, int* capacity) {
                                           : repalloc(array, size));
 }
 
-void remember_claim(const Identity& id) {
+void remember_claim(const Identity& id, bool lease) {
   claims = grow(claims, claim_count, &claim_capacity);
   MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
   RememberedClaim& claim = claims[claim_count];
@@ -51,12 +52,30 @@ void remember_claim(const Identity& id) {
   claim.id.role = id.role;
   claim.id.scope = static_cast<text*>(PG_DETOAST_DATUM_COPY(PointerGetDatum(id.scope)));
   claim.id.key = PG_DETOAST_DATUM_COPY(PointerGetDatum(id.key));
+  claim.lease = lease;
   claim_count++;
-  open_claims++;
+  if (!lease) open_claims++;
   MemoryContextSwitchTo(old);
 }
 
 void note_claim_finished() { open_claims--; }
+
+static bool same_bytes(const struct varlena* a, const struct varlena* b) {
+  return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+         memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
+}
+
+bool made_lease_claim(const Identity& id) {
+  for (int i = claim_count - 1; i >= 0; i--) {
+    const RememberedClaim& claim = claims[i];
+    if (claim.lease && claim.id.role == id.role &&
+        same_bytes(reinterpret_cast<struct varlena*>(claim.id.scope),
+                   reinterpret_cast<struct varlena*>(id.scope)) &&
+        same_bytes(claim.id.key, id.key))
+      return true;
+  }
+  return false;
+}
 
 static void forget_claims() {
   claims = nullptr;  // freed with TopTransactionContext
@@ -75,7 +94,7 @@ static void check_claims_finished() {
     // A dirty read sees this transaction's latest writes whatever the command id.
     store_probe(&store, claims[i].id, nullptr, &probe);
     if (probe.found && probe.view.state == KeyState::kPending &&
-        probe.view.written_by_this_transaction && !probe.view.lease_expires_at)
+        probe.view.claimed_by_this_transaction && !probe.view.lease_expires_at)
       ereport(ERROR, errcode(ERRCODE_IDEM_CLAIM_NOT_FINISHED),
               errmsg("idempotency key \"%s\" in scope \"%s\" was claimed but not finished",
                      text_to_cstring(reinterpret_cast<text*>(claims[i].id.key)),

@@ -45,7 +45,7 @@ StoredRow fingerprinted(StoredRow row) {
 }
 
 StoredRow own(StoredRow row) {
-  row.written_by_this_transaction = true;
+  row.claimed_by_this_transaction = true;
   return row;
 }
 
