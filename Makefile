@@ -12,7 +12,7 @@ PG_CPPFLAGS = -Isrc
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-register
 SHLIB_LINK = -lstdc++ -lcrypto
 
-REGRESS = key_type claim finish lease fingerprint identity bad_input settings reaper
+REGRESS = key_type claim finish lease fingerprint identity bad_input hostile settings reaper
 REGRESS_OPTS = --inputdir=.
 
 ISOLATION = claim_wait once_race isolation_levels opposite_order lease_takeover reaper_wait
