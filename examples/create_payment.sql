@@ -1,5 +1,5 @@
 -- The SPEC's stored procedure, exactly as written there, with its business table.
--- Used by scripts/demo.sh and shown in the README.
+-- Used by scripts/demo.sh and sql/claim.sql, and shown in the README.
 CREATE TABLE payments (id bigserial PRIMARY KEY, account bigint, amount numeric);
 
 CREATE PROCEDURE create_payment(p_key idem_key, p_account bigint, p_amount numeric,

@@ -3,21 +3,8 @@ SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency;
 RESET client_min_messages;
 
--- The SPEC's stored procedure, as written there.
-CREATE TABLE payments (id bigserial PRIMARY KEY, account bigint, amount numeric);
-CREATE PROCEDURE create_payment(p_key idem_key, p_account bigint, p_amount numeric,
-                                INOUT result jsonb DEFAULT NULL)
-LANGUAGE plpgsql AS $$
-DECLARE c idem_claim_result;
-BEGIN
-  c := idem_claim('payments', p_key,
-                  idem_fingerprint(jsonb_build_object('account', p_account, 'amount', p_amount)));
-  IF c.outcome = 'replay' THEN result := c.response; RETURN; END IF;
-  IF c.outcome = 'in_progress' THEN RAISE EXCEPTION 'retry after %', c.retry_after; END IF;
-  INSERT INTO payments(account, amount) VALUES (p_account, p_amount)
-    RETURNING jsonb_build_object('payment_id', id, 'amount', amount) INTO result;
-  PERFORM idem_complete('payments', p_key, result);
-END $$;
+-- The SPEC's stored procedure, from the file the README and the demo use.
+\i examples/create_payment.sql
 
 -- First call pays; the retry replays the same response and pays nothing.
 CALL create_payment('pay-1', 42, 19.99);

@@ -239,10 +239,17 @@ enum class Outcome { kClaimed, kReplay, kInProgress, kDuplicate };
 static Datum claim_result(FunctionCallInfo fcinfo, Outcome outcome, const KeyRow& row,
                           std::optional<int64> retry_after_us) {
   static const char* const names[] = {"claimed", "replay", "in_progress", "duplicate"};
-  TupleDesc desc;
-  if (get_call_result_type(fcinfo, nullptr, &desc) != TYPEFUNC_COMPOSITE)
-    elog(ERROR, "idem_claim must return a composite type");
-  desc = BlessTupleDesc(desc);
+  // Looked up once per call site, not per call: the claim path runs in every transaction.
+  auto desc = static_cast<TupleDesc>(fcinfo->flinfo->fn_extra);
+  if (desc == nullptr) {
+    TupleDesc looked_up;
+    if (get_call_result_type(fcinfo, nullptr, &looked_up) != TYPEFUNC_COMPOSITE)
+      elog(ERROR, "idem_claim must return a composite type");
+    MemoryContext old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+    desc = BlessTupleDesc(CreateTupleDescCopy(looked_up));
+    MemoryContextSwitchTo(old);
+    fcinfo->flinfo->fn_extra = desc;
+  }
 
   KeyState state = KeyState::kPending;
   if (outcome == Outcome::kReplay) parse_state(DatumGetChar(row.get(kState)), &state);
