@@ -27,3 +27,7 @@ override with_llvm = no
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+
+# Debian's PGXS tracks no header dependencies: rebuild every object when a header
+# changes, so that no object keeps an old struct or column layout.
+$(OBJS): $(wildcard src/core/*.hpp src/pg/*.hpp)

@@ -123,20 +123,22 @@ CREATE SCHEMA idempotency;
 REVOKE ALL ON SCHEMA idempotency FROM PUBLIC;
 
 CREATE TABLE idempotency.keys (
-  -- fixed-width columns first, for alignment
+  -- Fixed-width columns first, for alignment. The columns a completion changes come
+  -- last, so its update's WAL record holds little more than the response: PostgreSQL
+  -- logs only what lies between the unchanged prefix and suffix of the row.
   role             regrole     NOT NULL,
   attempt          integer     NOT NULL,
   first_claimed_at timestamptz NOT NULL,
   expires_at       timestamptz NOT NULL,
-  lease_expires_at timestamptz,
-  lease            interval,
-  -- p = pending, c = completed, f = failed, a = abandoned
-  state            "char"      NOT NULL CHECK (state IN ('p', 'c', 'f', 'a')),
   scope            text        COLLATE "C" NOT NULL,
   key              idem_key NOT NULL,
   fingerprint      bytea,
+  lease            interval,
   checkpoint       text,
   checkpoint_data  jsonb,
+  lease_expires_at timestamptz,
+  -- p = pending, c = completed, f = failed, a = abandoned
+  state            "char"      NOT NULL CHECK (state IN ('p', 'c', 'f', 'a')),
   response         jsonb,
   CONSTRAINT keys_pkey PRIMARY KEY (role, scope, key)
 ) WITH (fillfactor = 90);  -- room for the HOT update that completes a claim

@@ -21,14 +21,14 @@ enum KeysColumn {
   kAttempt,
   kFirstClaimedAt,
   kExpiresAt,
-  kLeaseExpiresAt,
-  kLease,
-  kState,
   kScope,
   kKey,
   kFingerprint,
+  kLease,
   kCheckpoint,
   kCheckpointData,
+  kLeaseExpiresAt,
+  kState,
   kResponse,
 };
 constexpr int kKeysColumns = kResponse;
