@@ -12,6 +12,8 @@ PG_CPPFLAGS = -Isrc
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-register
 SHLIB_LINK = -lstdc++ -lcrypto
 
+EXTRA_CLEAN = $(EXTENSION)-*.tar.gz
+
 REGRESS = key_type claim finish lease fingerprint identity bad_input hostile settings reaper
 REGRESS_OPTS = --inputdir=.
 
@@ -31,3 +33,14 @@ include $(PGXS)
 # Debian's PGXS tracks no header dependencies: rebuild every object when a header
 # changes, so that no object keeps an old struct or column layout.
 $(OBJS): $(wildcard src/core/*.hpp src/pg/*.hpp)
+
+# make dist: a source tarball of the tracked files as they are in the work tree
+# (uncommitted changes included), for PGXN and for building elsewhere. After the
+# include, so that PGXS's `all` stays the default goal.
+EXT_VERSION = $(shell sed -n "s/^default_version = '\(.*\)'/\1/p" $(EXTENSION).control)
+DISTNAME = $(EXTENSION)-$(EXT_VERSION)
+
+.PHONY: dist
+dist:
+	worktree=$$(git -c user.name=make-dist -c user.email=make-dist@localhost stash create) && \
+	  git archive --format=tar.gz --prefix=$(DISTNAME)/ -o $(DISTNAME).tar.gz $${worktree:-HEAD}

@@ -2,7 +2,9 @@
 # The one test command, for a fresh clone on a fresh Debian 12 machine (run as root):
 #
 #   1. installs the Debian packages it needs (all of them again when CI=true);
-#   2. builds and installs the extension (PGXS);
+#   2. packs the source with `make dist` and works from that tarball from here on (so
+#      the tests also prove the tarball complete); checks META.json; builds and
+#      installs the extension (PGXS), and checks `make install DESTDIR=...`;
 #   3. unit tests of the C++ core with ctest, plainly and under ASan/UBSan, and the
 #      libFuzzer targets for FUZZ_SECONDS each (default 30; 0 skips them);
 #   4. from a copy of the repository owned by the postgres OS user, `make installcheck`
@@ -15,9 +17,10 @@
 # build or run counts as failed, never as nothing. The exit status is non-zero when
 # anything failed.
 #
-#   ONLY=unit|fuzz|sql|regress|isolation|tap (comma-separated) runs a part;
-#        unit is the two ctest runs and fuzz (no PostgreSQL needed, so no PGXS
-#        build); sql is regress, isolation and tap.
+#   ONLY=package|unit|fuzz|sql|regress|isolation|tap (comma-separated) runs a part;
+#        package is META.json and the DESTDIR install; unit is the two ctest runs and
+#        fuzz (no PostgreSQL needed, so no PGXS build); sql is regress, isolation
+#        and tap.
 #   FUZZ_SECONDS=600   fuzzes longer.
 #   KEEP=1             keeps the temporary directory (logs, build trees) for a look.
 set -euo pipefail
@@ -147,8 +150,8 @@ check_only() {
   local item
   for item in ${ONLY//,/ }; do
     case $item in
-      all | unit | fuzz | sql | regress | isolation | tap) ;;
-      *) stage_failed "ONLY=$ONLY: '$item' is none of unit, fuzz, sql, regress, isolation, tap"
+      all | package | unit | fuzz | sql | regress | isolation | tap) ;;
+      *) stage_failed "ONLY=$ONLY: '$item' is none of package, unit, fuzz, sql, regress, isolation, tap"
          finished=yes
          exit 2 ;;
     esac
@@ -168,7 +171,7 @@ install_packages() {
 # Returns non-zero when the extension did not build or install.
 build_extension() {
   say "build and install the extension (make && make install)"
-  if build_and_install 2>&1 | tee "$work/build.log"; then
+  if (cd "$work/src" && build_and_install) 2>&1 | tee "$work/build.log"; then
     echo "installed $("$PG_CONFIG" --pkglibdir)/idempotency.so"
     return 0
   fi
@@ -243,14 +246,61 @@ make_var() {
     make -s --no-print-directory -C "$work/src" -f Makefile -f - print-var PG_CONFIG="$PG_CONFIG"
 }
 
-# The repository without .git and build outputs, owned by postgres: TAP tests start
-# clusters, which must not run as root, and pg_regress writes its results there.
-copy_repository() {
+# The source that every later stage builds and tests, in $work/src: the tarball of
+# `make dist` when this is a git work tree, else a copy of this directory without
+# build outputs.
+prepare_source() {
+  say "source: make dist"
   mkdir -p "$work/src"
-  tar cf - --exclude=./.git --exclude=./build --exclude=./results --exclude=./output_iso \
-      --exclude=./tmp_check --exclude=./log --exclude='*.o' --exclude='*.so' --exclude='*.bc' \
-      --exclude=./regression.diffs --exclude=./regression.out . | tar xf - -C "$work/src"
-  chown -R postgres: "$work/src"
+  if ! git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    echo "not a git work tree: testing a copy of $(pwd)"
+    tar cf - --exclude=./build --exclude=./results --exclude=./output_iso \
+        --exclude=./tmp_check --exclude=./log --exclude='*.o' --exclude='*.so' --exclude='*.bc' \
+        --exclude=./regression.diffs --exclude=./regression.out . | tar xf - -C "$work/src"
+    return 0
+  fi
+  rm -f idempotency-*.tar.gz
+  local tarball
+  if ! make -s --no-print-directory dist PG_CONFIG="$PG_CONFIG" ||
+     ! tarball=$(compgen -G 'idempotency-*.tar.gz') || ! mv "$tarball" "$work/" ||
+     ! tar xzf "$work/$tarball" -C "$work/src" --strip-components=1; then
+    stage_failed "make dist made no tarball to test from"
+    return 1
+  fi
+  echo "testing from $tarball ($(tar tzf "$work/$tarball" | wc -l) entries)"
+}
+
+# Packaging, each check one pass or failure: META.json agrees with the control file;
+# `make install DESTDIR=...` stages the library, control file and install script.
+check_meta() {
+  say "package: META.json"
+  if /usr/bin/python3 "$work/src/test/check_meta.py" "$work/src"; then
+    count 1 0
+  else
+    stage_failed "META.json is incomplete or disagrees with the control file"
+  fi
+}
+
+check_destdir_install() {
+  say "package: make install DESTDIR=..."
+  local stage=$work/stage file missing=0
+  if ! make -s -C "$work/src" install DESTDIR="$stage" PG_CONFIG="$PG_CONFIG" \
+       >"$work/destdir.log" 2>&1; then
+    cat "$work/destdir.log"
+    stage_failed "make install DESTDIR=... failed"
+    return
+  fi
+  for file in "$("$PG_CONFIG" --pkglibdir)/idempotency.so" \
+              "$("$PG_CONFIG" --sharedir)/extension/idempotency.control" \
+              "$("$PG_CONFIG" --sharedir)/extension/idempotency--1.0.sql"; do
+    if [ -f "$stage$file" ]; then
+      echo "staged $file"
+    else
+      echo "!! not staged: $file"
+      missing=1
+    fi
+  done
+  if [ "$missing" = 0 ]; then count 1 0; else stage_failed "make install DESTDIR=... left files out"; fi
 }
 
 # The cluster for pg_regress and the isolation specs. The library is preloaded (when
@@ -357,10 +407,19 @@ run_tap_tests() {
 
 check_only
 install_packages
+if ! prepare_source; then finished=yes; exit 1; fi
+cd "$work/src"
+
+if selected package package; then
+  check_meta
+fi
 
 built=yes
-if selected regress sql || selected isolation sql || selected tap sql; then
+if selected package package || selected regress sql || selected isolation sql || selected tap sql; then
   build_extension || built=no
+fi
+if selected package package; then
+  if [ "$built" = yes ]; then check_destdir_install; else stage_failed "no DESTDIR install: the build failed"; fi
 fi
 
 if selected unit unit; then
@@ -375,7 +434,9 @@ if selected regress sql || selected isolation sql || selected tap sql; then
   if [ "$built" = no ]; then
     stage_failed "SQL, isolation and TAP tests not run: the extension did not build"
   else
-    copy_repository
+    # TAP tests start clusters, which must not run as root, and pg_regress writes
+    # its results into the source tree.
+    chown -R postgres: "$work/src"
     if selected regress sql || selected isolation sql; then
       say "throwaway cluster"
       if start_test_cluster; then
