@@ -237,7 +237,7 @@ CREATE FUNCTION idem_stats()
   RETURNS TABLE(keys_total bigint, pending bigint, completed bigint, failed bigint,
                 abandoned bigint, expired_awaiting_reap bigint, reaped_total bigint,
                 reclaimed_total bigint, last_reap_at timestamptz, last_reap_ms bigint,
-                worker_pid integer)
+                worker_pid integer, stale_leases bigint)
   AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
 REVOKE ALL ON FUNCTION idem_stats() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idem_stats() TO pg_monitor;

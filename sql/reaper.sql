@@ -16,14 +16,14 @@ SELECT outcome FROM idem_claim('reap', 'stale-lease', lease => '1 millisecond');
 SELECT outcome FROM idem_claim('reap', 'live-lease', lease => '1 hour');
 SELECT pg_sleep(0.01);
 
-SELECT keys_total, pending, completed, failed, abandoned, expired_awaiting_reap FROM idem_stats();
+SELECT keys_total, pending, completed, failed, abandoned, expired_awaiting_reap, stale_leases FROM idem_stats();
 
 -- max_rows bounds the deletions; the stale lease is marked abandoned either way.
 SELECT idem_reap(10) AS deleted;
 SELECT idem_reap() AS deleted;
 SELECT idem_reap() AS deleted_again;
 SELECT key, state FROM idempotency.keys WHERE scope = 'reap' ORDER BY key;
-SELECT keys_total, pending, completed, failed, abandoned, expired_awaiting_reap FROM idem_stats();
+SELECT keys_total, pending, completed, failed, abandoned, expired_awaiting_reap, stale_leases FROM idem_stats();
 -- Counters and the worker's pid exist only with the preloaded library.
 SELECT (reaped_total >= 30 AND reclaimed_total >= 1 AND last_reap_at IS NOT NULL
         AND worker_pid IS NOT NULL) = (current_setting('shared_preload_libraries') LIKE '%idempotency%')

@@ -32,6 +32,9 @@ static Datum reap(FunctionCallInfo fcinfo) {
 // exact; beyond, they come from the planner's statistics (as fresh as the last
 // ANALYZE), so idem_stats answers quickly whatever the table's size.
 constexpr BlockNumber kExactCountPages = 1000;
+// Stale lease claims are counted exactly through the lease index, up to this many:
+// a healthy reaper keeps them near zero, and an alert needs no more precision.
+constexpr int64 kStaleLeasesCountLimit = 10000;
 
 struct StateCounts {
   double total, pending, completed, failed, abandoned, expired;
@@ -108,11 +111,13 @@ static Datum stats(FunctionCallInfo fcinfo) {
   StateCounts counts = RelationGetNumberOfBlocks(store.heap) <= kExactCountPages
                            ? count_exactly(&store)
                            : estimate(&store);
+  int64 stale_leases = store_count_stale_leases(&store, GetActiveSnapshot(), GetCurrentTimestamp(),
+                                                kStaleLeasesCountLimit);
   store_close(&store);
 
   ReaperStats reaper;
   bool preloaded = reaper_stats(&reaper);
-  Datum values[11] = {
+  Datum values[12] = {
       Int64GetDatum(static_cast<int64>(counts.total)),
       Int64GetDatum(static_cast<int64>(counts.pending)),
       Int64GetDatum(static_cast<int64>(counts.completed)),
@@ -124,8 +129,9 @@ static Datum stats(FunctionCallInfo fcinfo) {
       TimestampTzGetDatum(reaper.last_reap_at),
       Int64GetDatum(reaper.last_reap_ms),
       Int32GetDatum(reaper.worker_pid),
+      Int64GetDatum(stale_leases),
   };
-  bool nulls[11] = {};
+  bool nulls[12] = {};
   nulls[6] = nulls[7] = !preloaded;
   nulls[8] = nulls[9] = !preloaded || reaper.last_reap_at == 0;
   nulls[10] = !preloaded || reaper.worker_pid == 0;

@@ -296,11 +296,12 @@ WriteResult store_delete(KeyStore* store, ItemPointer tid, TransactionId* writer
 }
 
 // Scans `index_oid` for entries <= bound and calls act(row, view, tid) on each;
-// act returns whether it changed the row. Stops after max_rows changes.
+// act returns whether the row counts (it changed it, or it matched). Stops after
+// max_rows of those.
 template <typename Act>
-static int64 scan_up_to(KeyStore* store, Oid index_oid, Snapshot snapshot, TimestampTz bound,
-                        int64 max_rows, Act act) {
-  Relation index = index_open(index_oid, RowExclusiveLock);
+static int64 scan_up_to(KeyStore* store, Oid index_oid, LOCKMODE mode, Snapshot snapshot,
+                        TimestampTz bound, int64 max_rows, Act act) {
+  Relation index = index_open(index_oid, mode);
   ScanKeyData key;
   ScanKeyInit(&key, 1, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE, TimestampTzGetDatum(bound));
   IndexScanDesc scan = index_beginscan(store->heap, index, snapshot, 1, 0);
@@ -321,7 +322,7 @@ static int64 scan_up_to(KeyStore* store, Oid index_oid, Snapshot snapshot, Times
 }
 
 int64 store_reap_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows) {
-  return scan_up_to(store, store_oids().expires_index, snapshot, now, max_rows,
+  return scan_up_to(store, store_oids().expires_index, RowExclusiveLock, snapshot, now, max_rows,
                     [&](KeyRow*, const StoredRow& view, ItemPointer tid) {
                       TransactionId writer;
                       return !is_live(view, now) &&
@@ -330,13 +331,21 @@ int64 store_reap_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, in
 }
 
 int64 store_abandon_stale(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows) {
-  return scan_up_to(store, store_oids().lease_index, snapshot, now, max_rows,
+  return scan_up_to(store, store_oids().lease_index, RowExclusiveLock, snapshot, now, max_rows,
                     [&](KeyRow* row, const StoredRow& view, ItemPointer tid) {
                       if (view.state != KeyState::kPending) return false;
                       row->set(kState, CharGetDatum(static_cast<char>(KeyState::kAbandoned)));
                       row->clear(kLeaseExpiresAt);  // leaves the partial lease index
                       TransactionId writer;
                       return store_update(store, tid, row, &writer) == WriteResult::kDone;
+                    });
+}
+
+int64 store_count_stale_leases(KeyStore* store, Snapshot snapshot, TimestampTz now,
+                               int64 max_rows) {
+  return scan_up_to(store, store_oids().lease_index, AccessShareLock, snapshot, now, max_rows,
+                    [](KeyRow*, const StoredRow& view, ItemPointer) {
+                      return view.state == KeyState::kPending;
                     });
 }
 

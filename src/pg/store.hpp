@@ -101,6 +101,9 @@ WriteResult store_delete(KeyStore* store, ItemPointer tid, TransactionId* writer
 int64 store_reap_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows);
 // Marks pending claims whose lease ran out abandoned.
 int64 store_abandon_stale(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows);
+// Counts pending claims whose lease ran out (the reaper's next work), up to max_rows.
+int64 store_count_stale_leases(KeyStore* store, Snapshot snapshot, TimestampTz now,
+                               int64 max_rows);
 // Deletes the rows of roles that no longer exist.
 int64 store_reap_dropped_roles(KeyStore* store, Snapshot snapshot, int64 max_rows);
 
