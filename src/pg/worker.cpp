@@ -150,17 +150,45 @@ static int64 sweep_once(Sweep sweep, int64 max_rows) {
   return changed;
 }
 
+// Whether a client backend other than this process is running a statement.
+static bool clients_running() {
+  int backends = pgstat_fetch_stat_numbackends();
+  for (int i = 1; i <= backends; i++) {
+    LocalPgBackendStatus* local = pgstat_fetch_stat_local_beentry(i);
+    if (local == nullptr) continue;
+    const PgBackendStatus& backend = local->backendStatus;
+    if (backend.st_backendType == B_BACKEND && backend.st_procpid != MyProcPid &&
+        backend.st_state == STATE_RUNNING)
+      return true;
+  }
+  return false;
+}
+
 // Batches of short transactions until a batch finds less than a full batch to do.
+// While clients are running statements, the worker rests kBusyRestFactor times as
+// long as each batch took: deletions are WAL-heavy (a full-page image of each heap
+// page after a checkpoint) and the clients' commits would queue behind them. On an
+// idle server the batches follow one another at full speed.
 static int64 sweep_in_batches(Sweep sweep) {
+  constexpr int64 kBusyRestFactor = 4;
   int64 total = 0;
   for (;;) {
     int64 batch = settings.reaper_batch_size;
+    TimestampTz started = GetCurrentTimestamp();
     StartTransactionCommand();
     int64 changed = sweep_once(sweep, batch);
+    bool busy = clients_running();
     CommitTransactionCommand();
     total += changed;
     CHECK_FOR_INTERRUPTS();
     if (changed < batch) return total;
+    if (busy) {
+      long rest_ms = (GetCurrentTimestamp() - started) * kBusyRestFactor / 1000;
+      (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, Max(rest_ms, 1),
+                      PG_WAIT_EXTENSION);
+      ResetLatch(MyLatch);
+      CHECK_FOR_INTERRUPTS();
+    }
   }
 }
 
