@@ -7,6 +7,9 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/lib";
+use IdemLoad;
 
 my $clients = $ENV{IDEM_LOAD_CLIENTS} // 16;
 my $transactions = $ENV{IDEM_LOAD_TRANSACTIONS} // 300;
@@ -16,32 +19,7 @@ my $node = PostgreSQL::Test::Cluster->new('load');
 $node->init;
 $node->append_conf('postgresql.conf', "max_connections = 64\nsynchronous_commit = off\n");
 $node->start;
-$node->safe_psql('postgres', q{
-  CREATE EXTENSION idempotency;
-  CREATE TABLE business (id bigserial PRIMARY KEY, key text NOT NULL, amount int NOT NULL);
-});
-
-# One operation: claim, business insert, complete, in one transaction; one in ten
-# claimed operations is rolled back instead (a client failing mid-way), so a later
-# duplicate of its key must claim it afresh.
-my $script = q{
-\set k random(1, KEYS)
-\set fail random(1, 10)
-BEGIN;
-SELECT (outcome = 'claimed')::int AS claimed FROM idem_claim('load', ('key-' || :k)::idem_key, idem_fingerprint(('amount ' || :k)::text), wait => '2s') \gset
-\if :claimed
-INSERT INTO business (key, amount) VALUES ('key-' || :k, :k);
-\if :fail = 1
-ROLLBACK;
-\else
-SELECT idem_complete('load', ('key-' || :k)::idem_key, jsonb_build_object('amount', :k));
-COMMIT;
-\endif
-\else
-COMMIT;
-\endif
-};
-$script =~ s/KEYS/$keys/;
+IdemLoad::setup($node);
 
 my $total = $clients * $transactions;
 $node->pgbench(
@@ -50,24 +28,8 @@ $node->pgbench(
 	[qr{processed: $total/$total}],
 	[qr{^$}],
 	"$clients clients, $total operations over $keys keys, no errors",
-	{ 'idem_load' => $script });
-
-is($node->safe_psql('postgres', q{SELECT count(*) FROM business}),
-	$node->safe_psql('postgres',
-		q{SELECT count(*) FROM idempotency.keys WHERE scope = 'load' AND state = 'c'}),
-	'business rows == completed keys');
-is($node->safe_psql('postgres',
-		q{SELECT count(*) FROM (SELECT key FROM business GROUP BY key HAVING count(*) > 1) d}),
-	'0', 'no key has two business rows');
-is($node->safe_psql('postgres',
-		q{SELECT count(*) FROM idempotency.keys WHERE scope = 'load' AND state <> 'c'}),
-	'0', 'no key is left pending');
-is($node->safe_psql('postgres', q{
-		SELECT count(*) FROM idempotency.keys k JOIN business b ON b.key = k.key::text
-		WHERE k.scope = 'load' AND k.response <> jsonb_build_object('amount', b.amount)}),
-	'0', 'every stored response belongs to its business row');
-cmp_ok($node->safe_psql('postgres', q{SELECT count(*) FROM business}), '>', $keys / 4,
-	'the load covered a good share of the key space');
+	{ 'idem_load' => IdemLoad::script($keys) });
+IdemLoad::check_invariants($node, $keys, 'load');
 
 # Hot fresh keys: every 50 ms four new keys that all clients race to claim at once,
 # so claims meet each other's speculative insertions, not only committed rows.
