@@ -24,6 +24,7 @@ import math
 import os
 import re
 import sys
+from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import psycopg
@@ -35,16 +36,22 @@ pool = ConnectionPool(os.environ.get("DATABASE_URL", ""), min_size=1,
 
 def parse_payment(raw):
     """The payment in a request body, or None if it is not one."""
-    try:
-        body = json.loads(raw)
-    except ValueError:
+    try:  # decimals stay exact; NaN and Infinity are not JSON numbers
+        body = json.loads(raw, parse_float=Decimal, parse_constant=reject)
+    except ValueError:  # UnicodeDecodeError included
         return None
     if not isinstance(body, dict) or set(body) != {"account", "amount"}:
         return None
     account, amount = body["account"], body["amount"]
-    if type(account) is not int or type(amount) not in (int, float) or amount <= 0:
+    if type(account) is not int or not -2**63 <= account < 2**63:
+        return None  # a bigint
+    if type(amount) not in (int, Decimal) or amount <= 0:
         return None
     return account, amount
+
+
+def reject(constant):
+    raise ValueError(constant)
 
 
 def retry_after_seconds(message):
@@ -61,7 +68,7 @@ def create_payment(key, account, amount):
     with pool.connection() as conn:
         try:
             with conn.transaction():
-                result = conn.execute("CALL create_payment(%s::idem_key, %s, %s, NULL)",
+                result = conn.execute("CALL create_payment(%s::idem_key, %s::bigint, %s::numeric, NULL)",
                                       (key, account, amount)).fetchone()[0]
                 # A replay writes nothing, so it leaves the transaction without an id.
                 replayed = conn.execute(
@@ -92,8 +99,11 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def do_POST(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length)
+        length = self.headers.get("Content-Length") or "0"
+        if not length.isdigit() or "Transfer-Encoding" in self.headers:
+            self.close_connection = True  # cannot tell where the body ends
+            return self.reply(400, {}, {"error": "a body with a Content-Length is required"})
+        raw = self.rfile.read(int(length))
         key = self.headers.get("Idempotency-Key")
         payment = parse_payment(raw)
         if self.path != "/payments":

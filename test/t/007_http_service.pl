@@ -31,7 +31,11 @@ my $service;
 	$service = IPC::Run::start([ '/usr/bin/python3', 'examples/http/payments_service.py' ],
 		'<', \undef, '>', $log, '2>', $log);
 }
-END { $service->kill_kill if $service; }
+END {
+	$service->kill_kill if $service;
+	diag("the service's log:\n" . slurp_file($log))
+	  if -e $log && !Test::More->builder->is_passing;
+}
 
 my $deadline = time + 60;
 until (IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port")) {
@@ -113,6 +117,17 @@ like($invalid->{content}, qr/invalid Idempotency-Key/, 'saying why');
 is(post('order-2', '{"account": 42,')->{status}, 400, 'a body that is not JSON: 400');
 is(payments(), 1, 'no payment from refused requests');
 
+# Amounts with a fraction are numeric, not float, all the way to the table.
+my $cents = post('order-5', '{"account": 42, "amount": 10.25}');
+is($cents->{status}, 201, 'a fractional amount is taken');
+is(post('order-5', '{"account": 42, "amount": 10.250}')->{headers}{'idempotent-replayed'},
+	'true', 'and the same amount written differently replays it');
+is($node->safe_psql('postgres', 'SELECT amount FROM payments ORDER BY id DESC LIMIT 1'),
+	'10.25', 'stored exactly');
+is(post('order-6', '{"account": 99999999999999999999, "amount": 1}')->{status},
+	400, 'an account outside bigint: 400');
+is(post('order-6', '{"account": 42, "amount": NaN}')->{status}, 400, 'NaN: 400');
+
 # Concurrent duplicates: eight at once while the first attempt is held back.
 my $holder = hold_inserts();
 my @sockets = map { send_raw('order-3', $body) } 1 .. 8;
@@ -132,7 +147,7 @@ ok(!grep({ ($_->{headers}{'retry-after'} // '') !~ /^[1-9]\d*$/ } @busy),
 my $later = post('order-3', $body);
 is($later->{status} . ' ' . $later->{content}, '201 ' . $created[0]{content},
 	'a later retry replays the created payment');
-is(payments(), 2, 'one payment for nine requests');
+is(payments(), 3, 'one payment for nine requests');
 
 # A client that disconnects mid-request, then retries.
 $holder = hold_inserts();
@@ -154,7 +169,7 @@ is($resumed->{headers}{'idempotent-replayed'}, 'true', 'replaying the abandoned 
 my $last_id = $node->safe_psql('postgres', 'SELECT max(id) FROM payments');
 like($resumed->{content}, qr/"payment_id": $last_id\b/,
 	'whose payment is the one the disconnected client caused');
-is(payments(), 3, 'and no second payment');
+is(payments(), 4, 'and no second payment');
 
 $service->kill_kill;
 undef $service;
