@@ -5,7 +5,7 @@ DATA = idempotency--1.0.sql
 
 CORE_OBJS = src/core/key.o src/core/canonical_json.o src/core/sha256.o src/core/decision.o
 PG_OBJS = src/pg/errors.o src/pg/module.o src/pg/guc.o src/pg/key_type.o src/pg/hashing.o \
-          src/pg/store.o src/pg/xact.o src/pg/worker.o src/pg/sql_api.o src/pg/monitor.o
+          src/pg/store.o src/pg/identity_lock.o src/pg/xact.o src/pg/worker.o src/pg/sql_api.o src/pg/monitor.o
 OBJS = $(CORE_OBJS) $(PG_OBJS)
 
 PG_CPPFLAGS = -Isrc

@@ -1,5 +1,6 @@
 // Module entry: settings, transaction callbacks and, when preloaded, the reaper.
 #include "pg/guc.hpp"
+#include "pg/identity_lock.hpp"
 #include "pg/worker.hpp"
 #include "pg/xact.hpp"
 
@@ -11,7 +12,11 @@ PG_MODULE_MAGIC;
 void _PG_init(void) {
   idempotency::define_settings();
   idempotency::install_transaction_callbacks();
-  // The reaper needs shared memory, which only a preloaded library can have.
-  if (process_shared_preload_libraries_in_progress) idempotency::register_background_worker();
+  // The reaper and the identity locks' insert counts need shared memory, which only
+  // a preloaded library can have.
+  if (process_shared_preload_libraries_in_progress) {
+    idempotency::request_identity_lock_memory();
+    idempotency::register_background_worker();
+  }
 }
 }

@@ -7,6 +7,7 @@
 #include "core/key.hpp"
 #include "pg/errors.hpp"
 #include "pg/guc.hpp"
+#include "pg/identity_lock.hpp"
 #include "pg/store.hpp"
 #include "pg/xact.hpp"
 
@@ -234,6 +235,17 @@ static KeyRow take_over(const ClaimRequest& request, const KeyRow& stored, Times
   return row;
 }
 
+// What this transaction's unwritten claim, or else the store, holds for `id`.
+static void probe_key(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* probe) {
+  const KeyRow* row = unwritten_claim(id);
+  if (row == nullptr) return store_probe(store, id, snapshot, probe);
+  *probe = Probe{};
+  probe->found = probe->unwritten = true;
+  probe->row = *row;
+  store_view_row(*row, &probe->view);
+  probe->view.claimed_by_this_transaction = true;
+}
+
 enum class Outcome { kClaimed, kReplay, kInProgress, kDuplicate };
 
 static Datum claim_result(FunctionCallInfo fcinfo, Outcome outcome, const KeyRow& row,
@@ -267,7 +279,9 @@ static Datum claim_result(FunctionCallInfo fcinfo, Outcome outcome, const KeyRow
   values[5] = nulls[5] ? 0 : row.get(kCheckpointData);
   nulls[6] = !retry_after_us;
   values[6] = retry_after_us ? PointerGetDatum(micros_interval(*retry_after_us)) : 0;
+  nulls[7] = row.null(kFirstClaimedAt);
   values[7] = row.get(kFirstClaimedAt);
+  nulls[8] = row.null(kExpiresAt);
   values[8] = row.get(kExpiresAt);
   return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
 }
@@ -277,13 +291,38 @@ static int64 waited_us(const ClaimRequest& request) {
   return Max(GetCurrentTimestamp() - request.started, 100 * 1000);
 }
 
+// What another transaction's claim shows while only its identity lock does: the
+// first attempt, its row not yet written.
+static KeyRow claim_not_yet_written() {
+  KeyRow row;
+  for (int c = 1; c <= kKeysColumns; c++) row.clear(static_cast<KeysColumn>(c));
+  row.set(kAttempt, Int32GetDatum(1));
+  return row;
+}
+
 static Datum claim_with(FunctionCallInfo fcinfo, KeyStore* store, const ClaimRequest& request) {
+  IdentityLock lock = identity_lock(request.id);
+  bool locked = false;
   for (;;) {
+    uint64 inserts_before = inserts_seen(lock);
     Probe probe;
-    store_probe(store, request.id, nullptr, &probe);
+    probe_key(store, request.id, nullptr, &probe);
     TimestampTz now = GetCurrentTimestamp();
     ClaimAction action =
         decide_claim(probe.found ? &probe.view : nullptr, request.fingerprint, now);
+    // A key with no row is claimed only under its identity lock, and after looking
+    // again if the lock's last holder may have inserted the row meanwhile.
+    if (action == ClaimAction::kInsert && !locked) {
+      if (!lock_identity(lock, request.deadline))
+        return claim_result(fcinfo, Outcome::kInProgress, claim_not_yet_written(),
+                            waited_us(request));
+      locked = true;
+      if (inserted_since(lock, inserts_before)) continue;
+    }
+    if (locked && action != ClaimAction::kInsert) {
+      unlock_identity(lock);
+      locked = false;
+    }
     TransactionId writer = probe.writer;
     KeyRow row;
     WriteResult written = WriteResult::kDone;
@@ -299,7 +338,12 @@ static Datum claim_with(FunctionCallInfo fcinfo, KeyStore* store, const ClaimReq
       case ClaimAction::kWait: written = WriteResult::kBusy; break;
       case ClaimAction::kInsert:
         row = fresh_claim(request, now);
-        written = store_insert(store, &row) ? WriteResult::kDone : WriteResult::kChanged;
+        if (request.lease == nullptr && can_leave_claim_unwritten()) {
+          remember_unwritten_claim(store, request.id, row, lock);  // keeps the lock
+        } else {
+          store_insert(store, &row, lock);
+          unlock_identity(lock);
+        }
         break;
       case ClaimAction::kReplaceExpired:
         row = fresh_claim(request, now);
@@ -387,6 +431,17 @@ static void apply_finish(const FinishRequest& request, TimestampTz now, KeyRow* 
   }
 }
 
+// The first write of an unwritten claim's row, already finished (a release writes
+// nothing).
+static void write_unwritten_claim(KeyStore* store, const FinishRequest& request, TimestampTz now,
+                                  KeyRow row) {
+  if (request.kind != Finish::kRelease) {
+    apply_finish(request, now, &row);
+    store_insert(store, &row, identity_lock(request.id));  // still held
+  }
+  note_unwritten_claim_written(request.id);
+}
+
 static void finish(const FinishRequest& request, const char* function) {
   PreventCommandIfReadOnly(function);
   KeyStore store;
@@ -394,7 +449,7 @@ static void finish(const FinishRequest& request, const char* function) {
   TimestampTz deadline = default_wait_deadline(GetCurrentTimestamp());
   for (;;) {
     Probe probe;
-    store_probe(&store, request.id, nullptr, &probe);
+    probe_key(&store, request.id, nullptr, &probe);
     TimestampTz now = GetCurrentTimestamp();
     TransactionId writer = probe.writer;
     WriteResult written = WriteResult::kBusy;
@@ -403,7 +458,10 @@ static void finish(const FinishRequest& request, const char* function) {
       case FinishAction::kClaimLost: raise_claim_lost(request.id, probe, request.attempt);
       case FinishAction::kNotClaimed: raise_not_claimed(request.id);
       case FinishAction::kApply:
-        if (request.kind == Finish::kRelease) {
+        if (probe.unwritten) {
+          write_unwritten_claim(&store, request, now, probe.row);
+          written = WriteResult::kDone;
+        } else if (request.kind == Finish::kRelease) {
           written = store_delete(&store, &probe.tid, &writer);
         } else {
           KeyRow row = probe.row;
@@ -480,14 +538,26 @@ static Datum once(FunctionCallInfo fcinfo) {
   KeyStore store;
   store_open(&store, true);
   bool applied = false;
+  IdentityLock lock = identity_lock(request.id);
+  bool locked = false;
   for (;;) {
+    uint64 inserts_before = inserts_seen(lock);
     Probe probe;
-    store_probe(&store, request.id, nullptr, &probe);
+    probe_key(&store, request.id, nullptr, &probe);
     TimestampTz now = GetCurrentTimestamp();
     TransactionId writer = probe.writer;
     KeyRow row;
     WriteResult written = WriteResult::kBusy;
     ClaimAction action = decide_claim(probe.found ? &probe.view : nullptr, std::nullopt, now);
+    if (action == ClaimAction::kInsert && !locked) {  // as in claim_with
+      if (!lock_identity(lock, request.deadline)) raise_in_progress(request.id);
+      locked = true;
+      if (inserted_since(lock, inserts_before)) continue;
+    }
+    if (locked && action != ClaimAction::kInsert) {
+      unlock_identity(lock);
+      locked = false;
+    }
     switch (action) {
       case ClaimAction::kReplay:
       case ClaimAction::kDuplicate:
@@ -499,8 +569,10 @@ static Datum once(FunctionCallInfo fcinfo) {
       case ClaimAction::kInsert:
         row = fresh_claim(request, now);
         row.set(kState, CharGetDatum(static_cast<char>(KeyState::kCompleted)));
-        written = store_insert(&store, &row) ? WriteResult::kDone : WriteResult::kChanged;
-        applied = written == WriteResult::kDone;
+        store_insert(&store, &row, lock);
+        unlock_identity(lock);
+        written = WriteResult::kDone;
+        applied = true;
         break;
       case ClaimAction::kReplaceExpired:
       case ClaimAction::kTakeOver:
@@ -528,8 +600,14 @@ static Datum forget(FunctionCallInfo fcinfo) {
   bool was_live = false;
   for (;;) {
     Probe probe;
-    store_probe(&store, id, nullptr, &probe);
+    probe_key(&store, id, nullptr, &probe);
     if (!probe.found) break;
+    if (probe.unwritten) {  // nothing stored yet: drop the claim
+      was_live = true;
+      note_unwritten_claim_written(id);
+      note_claim_finished();
+      break;
+    }
     TransactionId writer = probe.writer;
     WriteResult written = WriteResult::kBusy;
     if (!probe.view.written_by_other_in_progress) {
@@ -558,7 +636,7 @@ static Datum lookup(FunctionCallInfo fcinfo) {
   KeyStore store;
   store_open(&store, false);
   Probe probe;
-  store_probe(&store, id, GetActiveSnapshot(), &probe);
+  probe_key(&store, id, GetActiveSnapshot(), &probe);
   if (probe.found && is_live(probe.view, GetCurrentTimestamp())) {
     const KeyRow& row = probe.row;
     Datum values[8] = {CStringGetTextDatum(state_name(probe.view.state)),

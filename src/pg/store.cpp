@@ -3,6 +3,7 @@
 // give up after `wait` without aborting its transaction.
 #include "pg/store.hpp"
 
+#include "pg/identity_lock.hpp"
 #include "pg/xact.hpp"
 
 extern "C" {
@@ -131,23 +132,8 @@ static void fill_view(const KeyRow& row, StoredRow* view) {
   }
 }
 
-// A speculative insertion lasts as long as its index insertions: poll its lock
-// briefly rather than queue for it, so that lock_timeout never applies.
-static void wait_for_speculative_insertion(TransactionId xid, uint32 token) {
-  LOCKTAG tag;
-  SET_LOCKTAG_SPECULATIVE_INSERTION(tag, xid, token);
-  long sleep_us = 10;
-  while (LockAcquire(&tag, ShareLock, false, true) == LOCKACQUIRE_NOT_AVAIL) {
-    pg_usleep(sleep_us);
-    CHECK_FOR_INTERRUPTS();
-    sleep_us = Min(sleep_us * 2, 1000);
-  }
-  LockRelease(&tag, ShareLock, false);
-}
-
 void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* probe) {
   SnapshotData dirty;
-  Snapshot requested = snapshot;
   bool dirty_read = snapshot == nullptr;
   if (dirty_read) {
     InitDirtySnapshot(dirty);
@@ -157,8 +143,6 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
   init_identity_scankeys(id, keys);
 
   *probe = Probe{};
-  TransactionId speculative_xid = InvalidTransactionId;
-  uint32 speculative_token = 0;
   IndexScanDesc scan = index_beginscan(store->heap, store->index, snapshot, 3, 0);
   index_rescan(scan, keys, 3, nullptr, 0);
   TupleTableSlot* slot = store->read_slot;
@@ -166,12 +150,6 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
   // see the versions another transaction is writing: report the newest of those, so
   // an in_progress result shows the attempt that holds the key.
   while (index_getnext_slot(scan, ForwardScanDirection, slot)) {
-    // Another claim's speculative insertion, which may yet back out: see how it ends.
-    if (dirty_read && dirty.speculativeToken != 0) {
-      speculative_xid = dirty.xmin;
-      speculative_token = dirty.speculativeToken;
-      break;
-    }
     bool should_free;
     HeapTuple tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
     TransactionId xmin = HeapTupleHeaderGetXmin(tuple->t_data);
@@ -206,10 +184,6 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
   }
   index_endscan(scan);
   ExecClearTuple(slot);
-  if (speculative_token != 0) {
-    wait_for_speculative_insertion(speculative_xid, speculative_token);
-    store_probe(store, id, requested, probe);
-  }
 }
 
 // Executor state for index maintenance; a HOT update (a completion) needs none.
@@ -219,7 +193,6 @@ static void ensure_executor(KeyStore* store) {
   store->result_rel = makeNode(ResultRelInfo);
   InitResultRelInfo(store->result_rel, store->heap, 0, nullptr, 0);
   ExecOpenIndices(store->result_rel, true);
-  store->arbiter_indexes = list_make1_oid(RelationGetRelid(store->index));
 }
 
 static TupleTableSlot* store_row_in_slot(KeyStore* store, const KeyRow* row) {
@@ -232,24 +205,35 @@ static TupleTableSlot* store_row_in_slot(KeyStore* store, const KeyRow* row) {
   return slot;
 }
 
-// Speculative insertion, as INSERT ... ON CONFLICT does it: a concurrent inserter of
-// the same identity makes this insert back out instead of raising a unique violation.
-bool store_insert(KeyStore* store, KeyRow* row) {
+void store_insert(KeyStore* store, KeyRow* row, const IdentityLock& held) {
   ensure_executor(store);
   TupleTableSlot* slot = store_row_in_slot(store, row);
-  TransactionId xid = GetCurrentTransactionId();
-  uint32 token = SpeculativeInsertionLockAcquire(xid);
-  table_tuple_insert_speculative(store->heap, slot, GetCurrentCommandId(true), 0, nullptr, token);
-  bool conflict = false;
-  List* recheck = ExecInsertIndexTuples(store->result_rel, slot, store->estate, false, true,
-                                        &conflict, store->arbiter_indexes);
-  table_tuple_complete_speculative(store->heap, slot, token, !conflict);
-  SpeculativeInsertionLockRelease(xid);
-  list_free(recheck);
+  table_tuple_insert(store->heap, slot, GetCurrentCommandId(true), 0, nullptr);
+  list_free(
+      ExecInsertIndexTuples(store->result_rel, slot, store->estate, false, false, nullptr, NIL));
   ResetPerTupleExprContext(store->estate);
   store->wrote = true;
-  return !conflict;
+  note_insert(held);
 }
+
+KeyRow* store_copy_row(KeyStore* store, const KeyRow& row, MemoryContext context) {
+  MemoryContext old = MemoryContextSwitchTo(context);
+  KeyRow* copy = static_cast<KeyRow*>(palloc(sizeof(KeyRow)));
+  TupleDesc desc = RelationGetDescr(store->heap);
+  for (int i = 0; i < kKeysColumns; i++) {
+    Form_pg_attribute att = TupleDescAttr(desc, i);
+    copy->isnull[i] = row.isnull[i];
+    copy->values[i] = row.isnull[i] ? 0 : datumCopy(row.values[i], att->attbyval, att->attlen);
+  }
+  MemoryContextSwitchTo(old);
+  return copy;
+}
+
+void store_view_row(const KeyRow& row, StoredRow* view) {
+  *view = StoredRow{};
+  fill_view(row, view);
+}
+
 
 static WriteResult write_result(TM_Result result, const TM_FailureData& failure,
                                 TransactionId* writer) {
@@ -381,24 +365,29 @@ int64 store_reap_dropped_roles(KeyStore* store, Snapshot snapshot, int64 max_row
 
 // Short transactions usually end within a millisecond, so the first sleeps are
 // short; the backoff caps at 5 ms.
+bool sleep_before_retry(long* sleep_us, TimestampTz deadline) {
+  TimestampTz now = GetCurrentTimestamp();
+  if (now >= deadline) return false;
+  long sleep = Min(*sleep_us, deadline - now);
+  if (sleep < 1000) {
+    pg_usleep(sleep);  // below WaitLatch's millisecond resolution
+  } else {
+    (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, sleep / 1000,
+                    PG_WAIT_EXTENSION);
+    ResetLatch(MyLatch);
+  }
+  CHECK_FOR_INTERRUPTS();
+  *sleep_us = Min(*sleep_us * 2, 5000);
+  return true;
+}
+
 bool wait_for_writer(TransactionId writer, TimestampTz deadline) {
   long sleep_us = 50;
   for (;;) {
     if (TransactionIdIsValid(writer) && ConditionalXactLockTableWait(writer)) return true;
-    TimestampTz now = GetCurrentTimestamp();
-    if (now >= deadline) return false;
-    long sleep = Min(sleep_us, deadline - now);
-    if (sleep < 1000) {
-      pg_usleep(sleep);  // below WaitLatch's millisecond resolution
-    } else {
-      (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, sleep / 1000,
-                      PG_WAIT_EXTENSION);
-      ResetLatch(MyLatch);
-    }
-    CHECK_FOR_INTERRUPTS();
+    if (!sleep_before_retry(&sleep_us, deadline)) return false;
     // Only a row lock without an updater leaves no xid to wait for: probe again.
     if (!TransactionIdIsValid(writer)) return true;
-    sleep_us = Min(sleep_us * 2, 5000);
   }
 }
 

@@ -60,13 +60,13 @@ struct KeyStore {
   EState* estate;
   ResultRelInfo* result_rel;
   TupleTableSlot* write_slot;
-  List* arbiter_indexes;
   bool wrote;
 };
 
 // What a probe saw.
 struct Probe {
   bool found;
+  bool unwritten;  // this transaction's in-transaction claim, its row not yet written
   ItemPointerData tid;
   TransactionId writer;  // another running transaction writing this row version
   KeyRow row;            // copied into the caller's memory context
@@ -83,8 +83,14 @@ void store_close(KeyStore* store);
 // SERIALIZABLE, raises 40001 for a committed row the transaction cannot see.
 void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* probe);
 
-// Inserts a row; false when a concurrent insert of the same identity won.
-bool store_insert(KeyStore* store, KeyRow* row);
+// Inserts a row. The caller holds the identity's lock and has seen no row for it,
+// so no other insert of the identity can race this one.
+void store_insert(KeyStore* store, KeyRow* row, const struct IdentityLock& held);
+
+// A copy of `row` whose values live in `context`.
+KeyRow* store_copy_row(KeyStore* store, const KeyRow& row, MemoryContext context);
+// The row as the decision functions see it.
+void store_view_row(const KeyRow& row, StoredRow* view);
 
 // Outcome of an update or delete of a probed row.
 enum class WriteResult { kDone, kBusy, kChanged };
@@ -110,6 +116,8 @@ int64 store_reap_dropped_roles(KeyStore* store, Snapshot snapshot, int64 max_row
 // Polls until the transaction ends (true) or the deadline passes (false), without
 // joining a lock queue; query cancel and statement_timeout interrupt it.
 bool wait_for_writer(TransactionId writer, TimestampTz deadline);
+// One sleep of such a polled wait, backing off; false once `deadline` has passed.
+bool sleep_before_retry(long* sleep_us, TimestampTz deadline);
 
 // Every row of the table in index order for one role (idem_abandoned's scan); read
 // each with index_getnext_slot into store->read_slot, then store_read_slot.

@@ -7,6 +7,7 @@
 #include "pg/xact.hpp"
 
 #include "pg/errors.hpp"
+#include "pg/identity_lock.hpp"
 
 extern "C" {
 #include "access/xact.h"
@@ -27,6 +28,16 @@ struct RememberedClaim {
 static RememberedClaim* claims;
 static int claim_count;
 static int claim_capacity;
+
+struct UnwrittenClaim {
+  SubTransactionId subxact;     // the subtransaction that made it
+  SubTransactionId written_in;  // InvalidSubTransactionId until a finish writes its row
+  Identity id;                  // these point into TopTransactionContext
+  KeyRow* row;
+  IdentityLock lock;            // held
+};
+static UnwrittenClaim unwritten[kMaxUnwrittenClaims];
+static int unwritten_count;
 
 static int64 open_claims;
 // open_claims as each open subtransaction found it, innermost last.
@@ -65,15 +76,53 @@ static bool same_bytes(const struct varlena* a, const struct varlena* b) {
          memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
 }
 
-bool made_lease_claim(const Identity& id) {
-  for (int i = claim_count - 1; i >= 0; i--) {
-    const RememberedClaim& claim = claims[i];
-    if (claim.lease && claim.id.role == id.role &&
-        same_bytes(reinterpret_cast<struct varlena*>(claim.id.scope),
-                   reinterpret_cast<struct varlena*>(id.scope)) &&
-        same_bytes(claim.id.key, id.key))
-      return true;
+static bool same_identity(const Identity& a, const Identity& b) {
+  return a.role == b.role &&
+         same_bytes(reinterpret_cast<struct varlena*>(a.scope),
+                    reinterpret_cast<struct varlena*>(b.scope)) &&
+         same_bytes(a.key, b.key);
+}
+
+bool can_leave_claim_unwritten() { return unwritten_count < kMaxUnwrittenClaims; }
+
+void remember_unwritten_claim(KeyStore* store, const Identity& id, const KeyRow& row,
+                              const IdentityLock& held) {
+  KeyRow* kept = store_copy_row(store, row, TopTransactionContext);
+  unwritten[unwritten_count++] =
+      UnwrittenClaim{GetCurrentSubTransactionId(), InvalidSubTransactionId,
+                     Identity{id.role, DatumGetTextPP(kept->get(kScope)),
+                              reinterpret_cast<struct varlena*>(DatumGetPointer(kept->get(kKey)))},
+                     kept, held};
+}
+
+static int find_unwritten(const Identity& id) {
+  for (int i = 0; i < unwritten_count; i++)
+    if (unwritten[i].written_in == InvalidSubTransactionId && same_identity(unwritten[i].id, id))
+      return i;
+  return -1;
+}
+
+const KeyRow* unwritten_claim(const Identity& id) {
+  int i = find_unwritten(id);
+  return i < 0 ? nullptr : unwritten[i].row;
+}
+
+static void drop_unwritten(int i) { unwritten[i] = unwritten[--unwritten_count]; }
+
+void note_unwritten_claim_written(const Identity& id) {
+  int i = find_unwritten(id);
+  if (i < 0) return;
+  if (GetCurrentTransactionNestLevel() > 1) {
+    unwritten[i].written_in = GetCurrentSubTransactionId();
+    return;
   }
+  unlock_identity(unwritten[i].lock);
+  drop_unwritten(i);
+}
+
+bool made_lease_claim(const Identity& id) {
+  for (int i = claim_count - 1; i >= 0; i--)
+    if (claims[i].lease && same_identity(claims[i].id, id)) return true;
   return false;
 }
 
@@ -83,10 +132,24 @@ static void forget_claims() {
   saved_open_claims = nullptr;
   saved_count = saved_capacity = 0;
   open_claims = 0;
+  unwritten_count = 0;  // the transaction's end releases the identity locks
+}
+
+static void raise_not_finished(const Identity& id) pg_attribute_noreturn();
+static void raise_not_finished(const Identity& id) {
+  ereport(ERROR, errcode(ERRCODE_IDEM_CLAIM_NOT_FINISHED),
+          errmsg("idempotency key \"%s\" in scope \"%s\" was claimed but not finished",
+                 text_to_cstring(reinterpret_cast<text*>(id.key)), text_to_cstring(id.scope)),
+          errdetail("A transaction that claims a key must complete, fail or release it "
+                    "before it commits, so the key is never stored without its work."),
+          errhint("Call idem_complete, idem_fail or idem_release before COMMIT, or claim "
+                  "with a lease for work that must commit before it finishes."));
 }
 
 static void check_claims_finished() {
   if (claim_count == 0 || open_claims == 0) return;
+  for (int i = 0; i < unwritten_count; i++)
+    if (unwritten[i].written_in == InvalidSubTransactionId) raise_not_finished(unwritten[i].id);
   KeyStore store;
   store_open(&store, false);
   for (int i = 0; i < claim_count; i++) {
@@ -95,14 +158,7 @@ static void check_claims_finished() {
     store_probe(&store, claims[i].id, nullptr, &probe);
     if (probe.found && probe.view.state == KeyState::kPending &&
         probe.view.claimed_by_this_transaction && !probe.view.lease_expires_at)
-      ereport(ERROR, errcode(ERRCODE_IDEM_CLAIM_NOT_FINISHED),
-              errmsg("idempotency key \"%s\" in scope \"%s\" was claimed but not finished",
-                     text_to_cstring(reinterpret_cast<text*>(claims[i].id.key)),
-                     text_to_cstring(claims[i].id.scope)),
-              errdetail("A transaction that claims a key must complete, fail or release it "
-                        "before it commits, so the key is never stored without its work."),
-              errhint("Call idem_complete, idem_fail or idem_release before COMMIT, or claim "
-                      "with a lease for work that must commit before it finishes."));
+      raise_not_finished(claims[i].id);
   }
   store_close(&store);
 }
@@ -133,6 +189,22 @@ static void on_subtransaction_event(SubXactEvent event, SubTransactionId mine,
   if (saved_count > 0) {
     saved_count--;
     if (event == SUBXACT_EVENT_ABORT_SUB) open_claims = saved_open_claims[saved_count];
+  }
+  // Unwritten claims: made in a rolled-back subtransaction, they are gone with their
+  // locks; written in one, they are unwritten again.
+  bool abort = event == SUBXACT_EVENT_ABORT_SUB;
+  for (int i = unwritten_count - 1; i >= 0; i--) {
+    UnwrittenClaim& claim = unwritten[i];
+    if (claim.subxact >= mine) {
+      if (abort) {
+        unlock_identity(claim.lock);
+        drop_unwritten(i);
+        continue;
+      }
+      claim.subxact = parent;
+    }
+    if (claim.written_in != InvalidSubTransactionId && claim.written_in >= mine)
+      claim.written_in = abort ? InvalidSubTransactionId : parent;
   }
   while (claim_count > 0 && claims[claim_count - 1].subxact >= mine) {
     if (event == SUBXACT_EVENT_ABORT_SUB) {
