@@ -14,7 +14,7 @@ SHLIB_LINK = -lstdc++ -lcrypto
 
 EXTRA_CLEAN = $(EXTENSION)-*.tar.gz
 
-REGRESS = key_type claim finish lease fingerprint identity bad_input hostile settings reaper
+REGRESS = key_type claim unwritten finish lease fingerprint identity bad_input hostile settings reaper
 REGRESS_OPTS = --inputdir=.
 
 ISOLATION = claim_wait once_race isolation_levels opposite_order lease_takeover reaper_wait

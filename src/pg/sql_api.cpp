@@ -220,6 +220,7 @@ static KeyRow fresh_claim(const ClaimRequest& request, TimestampTz now) {
   row.set(kAttempt, Int32GetDatum(1));
   row.set(kFirstClaimedAt, TimestampTzGetDatum(now));
   row.set(kExpiresAt, TimestampTzGetDatum(plus(now, request.ttl)));
+  row.set(kReapSlot, Int16GetDatum(reap_slot(request.id)));
   if (request.fingerprint) row.set(kFingerprint, bytes_datum(*request.fingerprint));
   hold(request, now, &row);
   return row;

@@ -3,6 +3,8 @@
 // give up after `wait` without aborting its transaction.
 #include "pg/store.hpp"
 
+#include <optional>
+
 #include "pg/identity_lock.hpp"
 #include "pg/xact.hpp"
 
@@ -14,6 +16,7 @@ extern "C" {
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_collation.h"
+#include "common/hashfn.h"
 #include "executor/executor.h"
 #include "miscadmin.h"
 #include "storage/latch.h"
@@ -35,7 +38,7 @@ namespace idempotency {
 struct StoreOids {
   Oid heap;
   Oid index;          // keys_pkey (role, scope, key)
-  Oid expires_index;  // keys_expires_at_idx
+  Oid expires_index;  // keys_expires_at_idx (reap_slot, expires_at)
   Oid lease_index;    // keys_lease_expires_at_idx, partial: leased rows only
   RegProcedure key_eq;
 };
@@ -279,17 +282,31 @@ WriteResult store_delete(KeyStore* store, ItemPointer tid, TransactionId* writer
   return write_result(result, failure, writer);
 }
 
-// Scans `index_oid` for entries <= bound and calls act(row, view, tid) on each;
-// act returns whether the row counts (it changed it, or it matched). Stops after
-// max_rows of those.
+constexpr int16 kReapSlots = 16;
+
+int16 reap_slot(const Identity& id) {
+  return hash_bytes(reinterpret_cast<const unsigned char*>(VARDATA_ANY(id.key)),
+                    VARSIZE_ANY_EXHDR(id.key)) %
+         kReapSlots;
+}
+
+// Scans `index_oid` for entries <= bound in the timestamp column `column` (with the
+// columns before it equal to `prefix`) and calls act(row, view, tid) on each; act
+// returns whether the row counts (it changed it, or it matched). Stops after max_rows
+// of those.
 template <typename Act>
 static int64 scan_up_to(KeyStore* store, Oid index_oid, LOCKMODE mode, Snapshot snapshot,
-                        TimestampTz bound, int64 max_rows, Act act) {
+                        std::optional<int16> prefix, TimestampTz bound, int64 max_rows, Act act) {
   Relation index = index_open(index_oid, mode);
-  ScanKeyData key;
-  ScanKeyInit(&key, 1, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE, TimestampTzGetDatum(bound));
-  IndexScanDesc scan = index_beginscan(store->heap, index, snapshot, 1, 0);
-  index_rescan(scan, &key, 1, nullptr, 0);
+  ScanKeyData keys[2];
+  int nkeys = 0;
+  if (prefix)
+    ScanKeyInit(&keys[nkeys++], 1, BTEqualStrategyNumber, F_INT2EQ, Int16GetDatum(*prefix));
+  ScanKeyInit(&keys[nkeys], nkeys + 1, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE,
+              TimestampTzGetDatum(bound));
+  nkeys++;
+  IndexScanDesc scan = index_beginscan(store->heap, index, snapshot, nkeys, 0);
+  index_rescan(scan, keys, nkeys, nullptr, 0);
   int64 changed = 0;
   while (changed < max_rows && index_getnext_slot(scan, ForwardScanDirection, store->read_slot)) {
     KeyRow row;
@@ -306,16 +323,20 @@ static int64 scan_up_to(KeyStore* store, Oid index_oid, LOCKMODE mode, Snapshot 
 }
 
 int64 store_reap_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows) {
-  return scan_up_to(store, store_oids().expires_index, RowExclusiveLock, snapshot, now, max_rows,
-                    [&](KeyRow*, const StoredRow& view, ItemPointer tid) {
-                      TransactionId writer;
-                      return !is_live(view, now) &&
-                             store_delete(store, tid, &writer) == WriteResult::kDone;
-                    });
+  int64 deleted = 0;
+  for (int16 slot = 0; slot < kReapSlots && deleted < max_rows; slot++)
+    deleted += scan_up_to(store, store_oids().expires_index, RowExclusiveLock, snapshot, slot, now,
+                          max_rows - deleted, [&](KeyRow*, const StoredRow& view, ItemPointer tid) {
+                            TransactionId writer;
+                            return !is_live(view, now) &&
+                                   store_delete(store, tid, &writer) == WriteResult::kDone;
+                          });
+  return deleted;
 }
 
 int64 store_abandon_stale(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows) {
-  return scan_up_to(store, store_oids().lease_index, RowExclusiveLock, snapshot, now, max_rows,
+  return scan_up_to(store, store_oids().lease_index, RowExclusiveLock, snapshot, std::nullopt,
+                    now, max_rows,
                     [&](KeyRow* row, const StoredRow& view, ItemPointer tid) {
                       if (view.state != KeyState::kPending) return false;
                       row->set(kState, CharGetDatum(static_cast<char>(KeyState::kAbandoned)));
@@ -327,7 +348,8 @@ int64 store_abandon_stale(KeyStore* store, Snapshot snapshot, TimestampTz now, i
 
 int64 store_count_stale_leases(KeyStore* store, Snapshot snapshot, TimestampTz now,
                                int64 max_rows) {
-  return scan_up_to(store, store_oids().lease_index, AccessShareLock, snapshot, now, max_rows,
+  return scan_up_to(store, store_oids().lease_index, AccessShareLock, snapshot, std::nullopt,
+                    now, max_rows,
                     [](KeyRow*, const StoredRow& view, ItemPointer) {
                       return view.state == KeyState::kPending;
                     });

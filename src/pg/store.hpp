@@ -21,6 +21,7 @@ enum KeysColumn {
   kAttempt,
   kFirstClaimedAt,
   kExpiresAt,
+  kReapSlot,
   kScope,
   kKey,
   kFingerprint,
@@ -86,6 +87,9 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
 // Inserts a row. The caller holds the identity's lock and has seen no row for it,
 // so no other insert of the identity can race this one.
 void store_insert(KeyStore* store, KeyRow* row, const struct IdentityLock& held);
+
+// The key's slot in the reaper's index (idempotency.keys.reap_slot).
+int16 reap_slot(const Identity& id);
 
 // A copy of `row` whose values live in `context`.
 KeyRow* store_copy_row(KeyStore* store, const KeyRow& row, MemoryContext context);

@@ -32,8 +32,11 @@ $node->pgbench(
 IdemLoad::check_invariants($node, $keys, 'load');
 
 # Hot fresh keys: every 50 ms four new keys that all clients race to claim at once,
-# so claims meet each other's speculative insertions, not only committed rows.
-# One round trip per operation (a procedure, as users call it) makes the races tight.
+# so claims meet each other's identity locks and freshly inserted rows, not only
+# committed ones. One round trip per operation (a procedure, as users call it) makes
+# the races tight. Run twice: without the library preloaded (a claim that waited for
+# the identity lock always looks again) and preloaded (it looks again only when the
+# shared insert counts say a row may have been inserted meanwhile).
 $node->safe_psql('postgres', q{
   CREATE PROCEDURE hot_op(p_key idem_key) LANGUAGE plpgsql AS $$
   DECLARE c idem_claim_result;
@@ -43,29 +46,38 @@ $node->safe_psql('postgres', q{
     INSERT INTO business (key, amount) VALUES (p_key::text, 0);
     PERFORM idem_complete('hot', p_key, '0');
   END $$;});
-my $hot = q{
-\set k random(1, 4)
-CALL hot_op(('hot-' || (extract(epoch FROM clock_timestamp()) * 20)::bigint || '-' || :k)::idem_key);
-};
 my $hot_seconds = $ENV{IDEM_HOT_SECONDS} // 5;
-$node->pgbench(
-	"--no-vacuum --client=$clients --jobs=2 --time=$hot_seconds",
-	0,
-	[qr{number of failed transactions: 0}],
-	[qr{^$}],
-	"$clients clients racing for fresh hot keys for ${hot_seconds}s, no errors",
-	{ 'idem_hot' => $hot });
-is($node->safe_psql('postgres', q{
-		SELECT (SELECT count(*) FROM business WHERE key LIKE 'hot-%')
-		     = (SELECT count(*) FROM idempotency.keys WHERE scope = 'hot' AND state = 'c')}),
-	't', 'hot keys: business rows == completed keys');
-is($node->safe_psql('postgres', q{
-		SELECT count(*) FROM (SELECT key FROM business WHERE key LIKE 'hot-%'
-		                      GROUP BY key HAVING count(*) > 1) d}),
-	'0', 'hot keys: none applied twice');
+for my $preloaded (0, 1) {
+	if ($preloaded) {
+		$node->append_conf('postgresql.conf',
+			"shared_preload_libraries = 'idempotency'\nidempotency.reaper_enabled = off\n");
+		$node->restart;
+	}
+	my $round = $preloaded ? 'preloaded' : 'not preloaded';
+	my $hot = qq{
+\\set k random(1, 4)
+CALL hot_op(('hot-$preloaded-' || (extract(epoch FROM clock_timestamp()) * 20)::bigint || '-' || :k)::idem_key);
+};
+	$node->pgbench(
+		"--no-vacuum --client=$clients --jobs=2 --time=$hot_seconds",
+		0,
+		[qr{number of failed transactions: 0}],
+		[qr{^$}],
+		"$clients clients racing for fresh hot keys for ${hot_seconds}s ($round), no errors",
+		{ "idem_hot_$preloaded" => $hot });
+	is($node->safe_psql('postgres', qq{
+			SELECT (SELECT count(*) FROM business WHERE key LIKE 'hot-$preloaded-%')
+			     = (SELECT count(*) FROM idempotency.keys
+			        WHERE scope = 'hot' AND key::text LIKE 'hot-$preloaded-%' AND state = 'c')}),
+		't', "hot keys ($round): business rows == completed keys");
+	is($node->safe_psql('postgres', qq{
+			SELECT count(*) FROM (SELECT key FROM business WHERE key LIKE 'hot-$preloaded-%'
+			                      GROUP BY key HAVING count(*) > 1) d}),
+		'0', "hot keys ($round): none applied twice");
+}
 
 # One transaction claims and completes 100,000 distinct keys with the default
-# max_locks_per_transaction: claims take no lock per key.
+# max_locks_per_transaction: at most 32 claims wait unwritten, holding a lock each.
 $node->safe_psql('postgres', q{
   BEGIN;
   SELECT count(*) FROM generate_series(1, 100000) g,
