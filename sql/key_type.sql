@@ -82,3 +82,29 @@ COPY (SELECT 'bad key'::text) TO '/tmp/idem_key_regress.bin' WITH (FORMAT binary
 COPY key_copy FROM '/tmp/idem_key_regress.bin' WITH (FORMAT binary);
 \echo :LAST_ERROR_SQLSTATE
 DROP TABLE key_table, key_copy;
+
+-- A canonical UUID key is stored in 17 bytes (plus the 4-byte header of a value in
+-- memory); any other spelling, and any other key, as its characters.
+SELECT pg_column_size('0a1b2c3d-4e5f-6789-abcd-ef0123456789'::idem_key) AS uuid,
+       pg_column_size('0A1B2C3D-4E5F-6789-ABCD-EF0123456789'::idem_key) AS uppercase,
+       pg_column_size('order-1001'::idem_key) AS other;
+-- It reads back, casts, compares and sends as its characters.
+SELECT k::text, k = '0a1b2c3d-4e5f-6789-abcd-ef0123456789'::uuid::idem_key AS same_as_uuid,
+       k = '0A1B2C3D-4E5F-6789-ABCD-EF0123456789' AS same_as_uppercase,
+       encode(idem_key_send(k), 'escape') AS wire, length(k) AS text_length
+  FROM (SELECT '0a1b2c3d-4e5f-6789-abcd-ef0123456789'::idem_key AS k) s;
+-- Mixed keys order exactly as their characters do.
+CREATE TEMP TABLE mixed (k idem_key);
+INSERT INTO mixed SELECT gen_random_uuid()::idem_key FROM generate_series(1, 200);
+INSERT INTO mixed SELECT left(k::text, 35) FROM mixed LIMIT 50;
+INSERT INTO mixed SELECT upper(k::text) FROM mixed LIMIT 50;
+INSERT INTO mixed VALUES ('0'), ('9'), ('a'), ('g'), ('~'), ('-'),
+  ('00000000-0000-0000-0000-000000000000'), ('ffffffff-ffff-ffff-ffff-ffffffffffff');
+SELECT (SELECT array_agg(k::text ORDER BY k) FROM mixed)
+     = (SELECT array_agg(k::text ORDER BY k::text COLLATE "C") FROM mixed) AS text_order;
+CREATE INDEX ON mixed (k);
+SET enable_seqscan = off;
+SELECT count(*) AS found_by_index
+  FROM mixed m WHERE EXISTS (SELECT FROM mixed n WHERE n.k = m.k::text::idem_key);
+RESET enable_seqscan;
+DROP TABLE mixed;

@@ -1,6 +1,8 @@
 #include "core/key.hpp"
 
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 
 namespace idempotency {
 
@@ -23,6 +25,82 @@ KeyProblem check_key(std::string_view key) noexcept {
     }
   }
   return problem;
+}
+
+static int hex_value(char c) noexcept {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+static bool is_hyphen_position(std::size_t i) noexcept {
+  return i == 8 || i == 13 || i == 18 || i == 23;
+}
+
+std::size_t store_key(std::string_view key, char* out) noexcept {
+  if (key.size() == kUuidTextBytes) {
+    unsigned char uuid[kUuidBytes];
+    std::size_t digits = 0;
+    for (std::size_t i = 0; i < key.size(); i++) {
+      if (is_hyphen_position(i)) {
+        if (key[i] != '-') break;
+        continue;
+      }
+      int value = hex_value(key[i]);
+      if (value < 0) break;
+      if (digits % 2 == 0)
+        uuid[digits / 2] = static_cast<unsigned char>(value << 4);
+      else
+        uuid[digits / 2] |= static_cast<unsigned char>(value);
+      digits++;
+    }
+    if (digits == 2 * kUuidBytes) {
+      store_uuid(uuid, out);
+      return kStoredUuidBytes;
+    }
+  }
+  std::memcpy(out, key.data(), key.size());
+  return key.size();
+}
+
+void store_uuid(const unsigned char* uuid, char* out) noexcept {
+  out[0] = '\0';
+  std::memcpy(out + 1, uuid, kUuidBytes);
+}
+
+static bool is_stored_uuid(std::string_view stored) noexcept {
+  return stored.size() == kStoredUuidBytes && stored[0] == '\0';
+}
+
+std::size_t load_key(std::string_view stored, char* out) noexcept {
+  if (!is_stored_uuid(stored)) {
+    std::memcpy(out, stored.data(), stored.size());
+    return stored.size();
+  }
+  static const char digits[] = "0123456789abcdef";
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < kUuidBytes; i++) {
+    if (is_hyphen_position(n)) out[n++] = '-';
+    auto byte = static_cast<unsigned char>(stored[1 + i]);
+    out[n++] = digits[byte >> 4];
+    out[n++] = digits[byte & 0xF];
+  }
+  return n;
+}
+
+static int compare_bytes(std::string_view a, std::string_view b) noexcept {
+  int c = std::memcmp(a.data(), b.data(), std::min(a.size(), b.size()));
+  if (c != 0) return c;
+  return (a.size() > b.size()) - (a.size() < b.size());
+}
+
+// Two stored UUIDs order as their texts do (hex digits sort as their values, and the
+// hyphens stand at the same places), so only a mixed pair needs a UUID's text.
+int compare_stored_keys(std::string_view a, std::string_view b) noexcept {
+  if (is_stored_uuid(a) == is_stored_uuid(b)) return compare_bytes(a, b);
+  char text[kUuidTextBytes];
+  if (is_stored_uuid(a)) return compare_bytes({text, load_key(a, text)}, b);
+  return compare_bytes(a, {text, load_key(b, text)});
 }
 
 std::string describe(const KeyProblem& problem) {

@@ -66,11 +66,11 @@ static Datum fingerprint_bytea(FunctionCallInfo fcinfo) {
 static Datum derive(FunctionCallInfo fcinfo) {
   require_argument(fcinfo, 0, "root");
   require_argument(fcinfo, 1, "step");
-  struct varlena* root = PG_GETARG_VARLENA_PP(0);
+  const char* root = key_cstring(PG_GETARG_VARLENA_PP(0));
   text* step = PG_GETARG_TEXT_PP(1);
   char derived[33];
   {
-    std::string key = derive_key({VARDATA_ANY(root), VARSIZE_ANY_EXHDR(root)},
+    std::string key = derive_key(root,
                                  as_utf8(VARDATA_ANY(step), VARSIZE_ANY_EXHDR(step)));
     strlcpy(derived, key.c_str(), sizeof(derived));
   }

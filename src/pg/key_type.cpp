@@ -28,19 +28,38 @@ void ensure_valid_key(const char* data, size_t length) {
   ereport(ERROR, errcode(ERRCODE_INVALID_TEXT_REPRESENTATION), errmsg("%s", message));
 }
 
+static struct varlena* new_key(const char* stored, size_t length) {
+  auto key = static_cast<struct varlena*>(palloc(VARHDRSZ + length));
+  SET_VARSIZE(key, VARHDRSZ + length);
+  memcpy(VARDATA(key), stored, length);
+  return key;
+}
+
 struct varlena* make_key(const char* data, size_t length) {
   ensure_valid_key(data, length);
-  return reinterpret_cast<struct varlena*>(
-      cstring_to_text_with_len(data, static_cast<int>(length)));
+  char stored[kMaxKeyBytes];
+  return new_key(stored, store_key(std::string_view(data, length), stored));
+}
+
+static std::string_view stored_form(const struct varlena* key) {
+  return std::string_view(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
+}
+
+char* key_cstring(const struct varlena* key) {
+  char* characters = static_cast<char*>(palloc(kMaxKeyBytes + 1));
+  characters[load_key(stored_form(key), characters)] = '\0';
+  return characters;
+}
+
+text* key_text(const struct varlena* key) {
+  char characters[kMaxKeyBytes];
+  return cstring_to_text_with_len(characters,
+                                  static_cast<int>(load_key(stored_form(key), characters)));
 }
 
 static int compare_keys(FunctionCallInfo fcinfo) {
-  struct varlena* a = PG_GETARG_VARLENA_PP(0);
-  struct varlena* b = PG_GETARG_VARLENA_PP(1);
-  size_t la = VARSIZE_ANY_EXHDR(a), lb = VARSIZE_ANY_EXHDR(b);
-  int c = memcmp(VARDATA_ANY(a), VARDATA_ANY(b), Min(la, lb));
-  if (c != 0) return c;
-  return (la > lb) - (la < lb);
+  return compare_stored_keys(stored_form(PG_GETARG_VARLENA_PP(0)),
+                             stored_form(PG_GETARG_VARLENA_PP(1)));
 }
 
 static Datum key_in(FunctionCallInfo fcinfo) {
@@ -49,10 +68,10 @@ static Datum key_in(FunctionCallInfo fcinfo) {
 }
 
 static Datum key_out(FunctionCallInfo fcinfo) {
-  return CStringGetDatum(text_to_cstring(reinterpret_cast<text*>(PG_GETARG_VARLENA_PP(0))));
+  return CStringGetDatum(key_cstring(PG_GETARG_VARLENA_PP(0)));
 }
 
-// The wire format is the key's bytes; keys are ASCII, so no encoding conversion.
+// The wire format is the key's characters; keys are ASCII, so no encoding conversion.
 static Datum key_recv(FunctionCallInfo fcinfo) {
   StringInfo buf = reinterpret_cast<StringInfo>(PG_GETARG_POINTER(0));
   int length = buf->len - buf->cursor;
@@ -61,13 +80,15 @@ static Datum key_recv(FunctionCallInfo fcinfo) {
 }
 
 static Datum key_send(FunctionCallInfo fcinfo) {
-  struct varlena* key = PG_GETARG_VARLENA_PP(0);
+  char characters[kMaxKeyBytes];
+  size_t length = load_key(stored_form(PG_GETARG_VARLENA_PP(0)), characters);
   StringInfoData buf;
   pq_begintypsend(&buf);
-  pq_sendbytes(&buf, VARDATA_ANY(key), static_cast<int>(VARSIZE_ANY_EXHDR(key)));
+  pq_sendbytes(&buf, characters, static_cast<int>(length));
   PG_RETURN_BYTEA_P(pq_endtypsend(&buf));
 }
 
+// Each key has one stored form, so hashing it hashes the key.
 static Datum key_hash(FunctionCallInfo fcinfo) {
   struct varlena* key = PG_GETARG_VARLENA_PP(0);
   return hash_any(reinterpret_cast<const unsigned char*>(VARDATA_ANY(key)),
@@ -82,14 +103,18 @@ static Datum key_hash_extended(FunctionCallInfo fcinfo) {
 
 static Datum key_from_text(FunctionCallInfo fcinfo) {
   struct varlena* input = PG_GETARG_VARLENA_PP(0);
-  ensure_valid_key(VARDATA_ANY(input), VARSIZE_ANY_EXHDR(input));
-  PG_RETURN_POINTER(input);
+  PG_RETURN_POINTER(make_key(VARDATA_ANY(input), VARSIZE_ANY_EXHDR(input)));
 }
 
-// The lowercase hyphenated form that uuid_out writes.
+static Datum key_to_text(FunctionCallInfo fcinfo) {
+  PG_RETURN_TEXT_P(key_text(PG_GETARG_VARLENA_PP(0)));
+}
+
+// The key whose characters uuid_out writes (lowercase, hyphenated).
 static Datum key_from_uuid(FunctionCallInfo fcinfo) {
-  char* text = DatumGetCString(DirectFunctionCall1(uuid_out, PG_GETARG_DATUM(0)));
-  return PointerGetDatum(make_key(text, strlen(text)));
+  char stored[kStoredUuidBytes];
+  store_uuid(PG_GETARG_UUID_P(0)->data, stored);
+  return PointerGetDatum(new_key(stored, sizeof(stored)));
 }
 
 }  // namespace idempotency
@@ -103,6 +128,7 @@ IDEM_SQL_FUNCTION(idem_key_send, key_send)
 IDEM_SQL_FUNCTION(idem_key_hash, key_hash)
 IDEM_SQL_FUNCTION(idem_key_hash_extended, key_hash_extended)
 IDEM_SQL_FUNCTION(idem_key_from_text, key_from_text)
+IDEM_SQL_FUNCTION(idem_key_to_text, key_to_text)
 IDEM_SQL_FUNCTION(idem_key_from_uuid, key_from_uuid)
 
 // Comparisons are on every index probe: plain functions, nothing to guard.

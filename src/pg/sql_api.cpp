@@ -8,6 +8,7 @@
 #include "pg/errors.hpp"
 #include "pg/guc.hpp"
 #include "pg/identity_lock.hpp"
+#include "pg/key_type.hpp"
 #include "pg/store.hpp"
 #include "pg/xact.hpp"
 
@@ -125,9 +126,7 @@ static void check_stored_size(Datum value, const char* what) {
 // Errors about a key
 // ---------------------------------------------------------------------------
 
-static const char* key_text(const Identity& id) {
-  return text_to_cstring(reinterpret_cast<text*>(id.key));
-}
+static const char* key_text(const Identity& id) { return key_cstring(id.key); }
 
 static void raise_in_progress(const Identity& id) pg_attribute_noreturn();
 static void raise_in_progress(const Identity& id) {

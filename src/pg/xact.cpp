@@ -8,6 +8,7 @@
 
 #include "pg/errors.hpp"
 #include "pg/identity_lock.hpp"
+#include "pg/key_type.hpp"
 
 extern "C" {
 #include "access/xact.h"
@@ -139,7 +140,7 @@ static void raise_not_finished(const Identity& id) pg_attribute_noreturn();
 static void raise_not_finished(const Identity& id) {
   ereport(ERROR, errcode(ERRCODE_IDEM_CLAIM_NOT_FINISHED),
           errmsg("idempotency key \"%s\" in scope \"%s\" was claimed but not finished",
-                 text_to_cstring(reinterpret_cast<text*>(id.key)), text_to_cstring(id.scope)),
+                 key_cstring(id.key), text_to_cstring(id.scope)),
           errdetail("A transaction that claims a key must complete, fail or release it "
                     "before it commits, so the key is never stored without its work."),
           errhint("Call idem_complete, idem_fail or idem_release before COMMIT, or claim "

@@ -1,5 +1,6 @@
 // libFuzzer target: check_key never crashes and agrees with a plain reading of the
-// SPEC's rule (1 to 255 bytes, each 0x21..0x7E), kind, length, position and byte.
+// SPEC's rule (1 to 255 bytes, each 0x21..0x7E), kind, length, position and byte;
+// a valid key's stored form gives the key back and orders as the key does.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -46,6 +47,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (problem) {
     std::string message = idempotency::describe(problem);
     if (message.rfind("idem_key ", 0) != 0 || message.back() == '.') std::abort();
+    return 0;
   }
+  char stored[idempotency::kMaxKeyBytes], loaded[idempotency::kMaxKeyBytes];
+  std::size_t stored_size = idempotency::store_key(key, stored);
+  std::string_view stored_key(stored, stored_size);
+  if (std::string_view(loaded, idempotency::load_key(stored_key, loaded)) != key) std::abort();
+  // Against a fixed UUID-shaped key and its neighbour: the same order as the text.
+  static const std::string uuid = "7f000000-0000-4000-8000-000000000000";
+  char other[idempotency::kMaxKeyBytes];
+  std::string_view other_key(other, idempotency::store_key(uuid, other));
+  int by_text = key.compare(uuid);
+  int by_stored = idempotency::compare_stored_keys(stored_key, other_key);
+  if ((by_text > 0) - (by_text < 0) != (by_stored > 0) - (by_stored < 0)) std::abort();
   return 0;
 }

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <random>
 #include <string>
+#include <vector>
 #include <string_view>
 
 #include "core/key.hpp"
@@ -126,6 +128,73 @@ TEST(CheckKey, EveryByteOutsideTheRangeIsRefused) {
       EXPECT_EQ(problem.byte, b) << b;
     }
   }
+}
+
+std::string stored(std::string_view key) {
+  char out[kMaxKeyBytes];
+  return std::string(out, store_key(key, out));
+}
+
+std::string loaded(std::string_view stored_key) {
+  char out[kMaxKeyBytes];
+  return std::string(out, load_key(stored_key, out));
+}
+
+TEST(StoreKey, ACanonicalUuidTakes17Bytes) {
+  std::string key = "0a1b2c3d-4e5f-6789-abcd-ef0123456789";
+  std::string s = stored(key);
+  ASSERT_EQ(s.size(), kStoredUuidBytes);
+  EXPECT_EQ(s[0], '\0');
+  EXPECT_EQ(static_cast<unsigned char>(s[1]), 0x0a);
+  EXPECT_EQ(static_cast<unsigned char>(s[16]), 0x89);
+  EXPECT_EQ(loaded(s), key);
+}
+
+TEST(StoreKey, OtherKeysAreStoredAsTheyAre) {
+  for (std::string key : std::vector<std::string>{"order-1001", "k",
+                          "0A1B2C3D-4E5F-6789-ABCD-EF0123456789",  // uppercase
+                          "0a1b2c3d4e5f6789abcdef0123456789",      // no hyphens
+                          "0a1b2c3d-4e5f-6789-abcd-ef012345678g",  // not hex
+                          "0a1b2c3d-4e5f-6789-abcd-ef01234567890",  // 37 characters
+                          "0a1b2c3d-4e5f-6789-abcdef-0123456789",  // hyphen moved
+                          std::string(kMaxKeyBytes, '~')}) {
+    EXPECT_EQ(stored(key), key) << key;
+    EXPECT_EQ(loaded(stored(key)), key) << key;
+  }
+}
+
+TEST(StoreKey, StoreUuidMatchesStoreKey) {
+  const unsigned char uuid[kUuidBytes] = {0xff, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 0xfe};
+  char out[kStoredUuidBytes];
+  store_uuid(uuid, out);
+  std::string s(out, kStoredUuidBytes);
+  EXPECT_EQ(loaded(s), "ff000102-0304-0506-0708-090a0b0c0dfe");
+  EXPECT_EQ(stored(loaded(s)), s);
+}
+
+// Stored keys order exactly as their characters do, whichever forms meet.
+TEST(CompareStoredKeys, FollowsTheCharacters) {
+  std::vector<std::string> keys = {
+      "0", "00000000-0000-0000-0000-000000000000", "00000000-0000-0000-0000-000000000001",
+      "00000000-0000-0000-0000-00000000000", "00000000-0000-0000-0000-0000000000010",
+      "0a1b2c3d-4e5f-6789-abcd-ef0123456789", "0a1b2c3d-4e5f-6789-abcd-ef012345678",
+      "0a1b2c3d-4e5f-6789-abcd-ef0123456789x", "0a1b2c3d-4e5f-6789-ABCD-ef0123456789",
+      "9fffffff-ffff-ffff-ffff-ffffffffffff", "a", "a0000000-0000-0000-0000-000000000000",
+      "ffffffff-ffff-ffff-ffff-ffffffffffff", "g", "~", "-", "order-1"};
+  std::mt19937 random(7);
+  for (int i = 0; i < 200; i++) {
+    std::string uuid = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx";
+    for (char& c : uuid)
+      if (c == 'x') c = "0123456789abcdef"[random() % 16];
+    keys.push_back(uuid);
+    keys.push_back(uuid.substr(0, 35));
+  }
+  for (const std::string& a : keys)
+    for (const std::string& b : keys) {
+      int by_text = a.compare(b);
+      int by_stored = compare_stored_keys(stored(a), stored(b));
+      EXPECT_EQ((by_text > 0) - (by_text < 0), (by_stored > 0) - (by_stored < 0)) << a << " " << b;
+    }
 }
 
 }  // namespace
