@@ -145,7 +145,7 @@ CREATE TABLE idempotency.keys (
   state            "char"      NOT NULL CHECK (state IN ('p', 'c', 'f', 'a')),
   response         jsonb,
   CONSTRAINT keys_pkey PRIMARY KEY (role, scope, key)
-) WITH (fillfactor = 90);  -- room for the HOT update that completes a claim
+) WITH (fillfactor = 90);  -- room for HOT updates of rows written before they finish
 
 -- The reaper's way to expired rows. New keys expire last, so an index on expires_at
 -- alone would take every insert on its rightmost page, where concurrent claims queue

@@ -153,6 +153,9 @@ bytes_per_key() {
 }
 ext_bytes=$(bytes_per_key idempotency.keys)
 plpgsql_bytes=$(bytes_per_key plpgsql_keys)
+# The same response is stored by both; the target compares the bytes beyond it.
+response_bytes=$(runuser -u postgres -- psql -X -At -h 127.0.0.1 -p "$port" -d storage -c \
+  "SELECT round(avg(pg_column_size(response))) FROM plpgsql_keys")
 
 {
   echo
@@ -164,6 +167,7 @@ plpgsql_bytes=$(bytes_per_key plpgsql_keys)
   echo "| idem_stats on a table of over 1,000,000 keys | ${stats_ms} ms |"
   echo "| bytes per key (table + indexes; 36-character key, response {\"payment_id\": n, \"amount\": 10}), extension | $ext_bytes |"
   echo "| the same, plpgsql | $plpgsql_bytes |"
+  echo "| beyond the response ($response_bytes bytes), extension against plpgsql | $(awk -v e="$ext_bytes" -v p="$plpgsql_bytes" -v r="$response_bytes" 'BEGIN { printf "%d / %d = %.2f×", e - r, p - r, (e - r) / (p - r) }') |"
   echo
   echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}'), $CLIENTS clients, $ROUNDS interleaved rounds of ${SECONDS_PER_RUN}s: \`ROUNDS=$ROUNDS SECONDS_PER_RUN=$SECONDS_PER_RUN test/bench/run.sh\`."
 } >>"$report"
