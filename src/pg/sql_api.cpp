@@ -300,29 +300,52 @@ static KeyRow claim_not_yet_written() {
   return row;
 }
 
+// A key's first row is inserted only under its identity lock, and after looking again
+// if the lock's last holder may have inserted the row meanwhile. Claims and
+// idem_once hold the lock exactly while their decision is to insert.
+struct InsertLock {
+  IdentityLock lock;
+  bool held;
+  uint64 inserts_before;  // read before each look at the key
+};
+
+enum class InsertLockStep { kGo, kLookAgain, kTimedOut };
+
+static InsertLock insert_lock(const Identity& id) { return InsertLock{identity_lock(id), false, 0}; }
+
+static void before_look(InsertLock* insert) { insert->inserts_before = inserts_seen(insert->lock); }
+
+static void release_lock(InsertLock* insert) {
+  if (insert->held) unlock_identity(insert->lock);
+  insert->held = false;
+}
+
+static InsertLockStep hold_for(ClaimAction action, InsertLock* insert, TimestampTz deadline) {
+  if (action != ClaimAction::kInsert) {
+    release_lock(insert);
+    return InsertLockStep::kGo;
+  }
+  if (insert->held) return InsertLockStep::kGo;
+  if (!lock_identity(insert->lock, deadline)) return InsertLockStep::kTimedOut;
+  insert->held = true;
+  return inserted_since(insert->lock, insert->inserts_before) ? InsertLockStep::kLookAgain
+                                                              : InsertLockStep::kGo;
+}
+
 static Datum claim_with(FunctionCallInfo fcinfo, KeyStore* store, const ClaimRequest& request) {
-  IdentityLock lock = identity_lock(request.id);
-  bool locked = false;
+  InsertLock insert = insert_lock(request.id);
   for (;;) {
-    uint64 inserts_before = inserts_seen(lock);
+    before_look(&insert);
     Probe probe;
     probe_key(store, request.id, nullptr, &probe);
     TimestampTz now = GetCurrentTimestamp();
     ClaimAction action =
         decide_claim(probe.found ? &probe.view : nullptr, request.fingerprint, now);
-    // A key with no row is claimed only under its identity lock, and after looking
-    // again if the lock's last holder may have inserted the row meanwhile.
-    if (action == ClaimAction::kInsert && !locked) {
-      if (!lock_identity(lock, request.deadline))
-        return claim_result(fcinfo, Outcome::kInProgress, claim_not_yet_written(),
-                            waited_us(request));
-      locked = true;
-      if (inserted_since(lock, inserts_before)) continue;
-    }
-    if (locked && action != ClaimAction::kInsert) {
-      unlock_identity(lock);
-      locked = false;
-    }
+    InsertLockStep step = hold_for(action, &insert, request.deadline);
+    if (step == InsertLockStep::kTimedOut)
+      return claim_result(fcinfo, Outcome::kInProgress, claim_not_yet_written(),
+                          waited_us(request));
+    if (step == InsertLockStep::kLookAgain) continue;
     TransactionId writer = probe.writer;
     KeyRow row;
     WriteResult written = WriteResult::kDone;
@@ -339,10 +362,10 @@ static Datum claim_with(FunctionCallInfo fcinfo, KeyStore* store, const ClaimReq
       case ClaimAction::kInsert:
         row = fresh_claim(request, now);
         if (request.lease == nullptr && can_leave_claim_unwritten()) {
-          remember_unwritten_claim(store, request.id, row, lock);  // keeps the lock
+          remember_unwritten_claim(store, request.id, row, insert.lock);  // keeps the lock
         } else {
-          store_insert(store, &row, lock);
-          unlock_identity(lock);
+          store_insert(store, &row, insert.lock);
+          release_lock(&insert);
         }
         break;
       case ClaimAction::kReplaceExpired:
@@ -538,10 +561,9 @@ static Datum once(FunctionCallInfo fcinfo) {
   KeyStore store;
   store_open(&store, true);
   bool applied = false;
-  IdentityLock lock = identity_lock(request.id);
-  bool locked = false;
+  InsertLock insert = insert_lock(request.id);
   for (;;) {
-    uint64 inserts_before = inserts_seen(lock);
+    before_look(&insert);
     Probe probe;
     probe_key(&store, request.id, nullptr, &probe);
     TimestampTz now = GetCurrentTimestamp();
@@ -549,15 +571,9 @@ static Datum once(FunctionCallInfo fcinfo) {
     KeyRow row;
     WriteResult written = WriteResult::kBusy;
     ClaimAction action = decide_claim(probe.found ? &probe.view : nullptr, std::nullopt, now);
-    if (action == ClaimAction::kInsert && !locked) {  // as in claim_with
-      if (!lock_identity(lock, request.deadline)) raise_in_progress(request.id);
-      locked = true;
-      if (inserted_since(lock, inserts_before)) continue;
-    }
-    if (locked && action != ClaimAction::kInsert) {
-      unlock_identity(lock);
-      locked = false;
-    }
+    InsertLockStep step = hold_for(action, &insert, request.deadline);
+    if (step == InsertLockStep::kTimedOut) raise_in_progress(request.id);
+    if (step == InsertLockStep::kLookAgain) continue;
     switch (action) {
       case ClaimAction::kReplay:
       case ClaimAction::kDuplicate:
@@ -569,8 +585,8 @@ static Datum once(FunctionCallInfo fcinfo) {
       case ClaimAction::kInsert:
         row = fresh_claim(request, now);
         row.set(kState, CharGetDatum(static_cast<char>(KeyState::kCompleted)));
-        store_insert(&store, &row, lock);
-        unlock_identity(lock);
+        store_insert(&store, &row, insert.lock);
+        release_lock(&insert);
         written = WriteResult::kDone;
         applied = true;
         break;

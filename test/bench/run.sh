@@ -85,8 +85,8 @@ reaper() {
   psql_ -c "ALTER SYSTEM SET idempotency.reaper_enabled = $1" -c "SELECT pg_reload_conf()" >/dev/null
 }
 expire_a_million_keys() {
-  psql_ -c "INSERT INTO idempotency.keys (role, attempt, first_claimed_at, expires_at, state, scope, key, response)
-            SELECT current_user::regrole, 1, now() - interval '2 days', now() - interval '1 day', 'c',
+  psql_ -c "INSERT INTO idempotency.keys (role, attempt, first_claimed_at, expires_at, reap_slot, state, scope, key, response)
+            SELECT current_user::regrole, 1, now() - interval '2 days', now() - interval '1 day', g % 16, 'c',
                    'expired', ('old-' || g)::idem_key, '{\"payment_id\": 1}' FROM generate_series(1, 1000000) g" >/dev/null
   psql_ -c "ANALYZE idempotency.keys" >/dev/null
 }
