@@ -290,21 +290,25 @@ int16 reap_slot(const Identity& id) {
          kReapSlots;
 }
 
-// Scans `index_oid` for entries <= bound in the timestamp column `column` (with the
-// columns before it equal to `prefix`) and calls act(row, view, tid) on each; act
-// returns whether the row counts (it changed it, or it matched). Stops after max_rows
-// of those.
+// Scans `index_oid` for entries from `from` to `bound` in its timestamp column (after
+// a first column equal to `prefix`, if given) and calls act(row, view, tid) on each;
+// act returns whether the row counts (it changed it, or it matched). Stops after
+// max_rows of those.
 template <typename Act>
 static int64 scan_up_to(KeyStore* store, Oid index_oid, LOCKMODE mode, Snapshot snapshot,
-                        std::optional<int16> prefix, TimestampTz bound, int64 max_rows, Act act) {
+                        std::optional<int16> prefix, TimestampTz from, TimestampTz bound,
+                        int64 max_rows, Act act) {
   Relation index = index_open(index_oid, mode);
-  ScanKeyData keys[2];
+  ScanKeyData keys[3];
   int nkeys = 0;
   if (prefix)
     ScanKeyInit(&keys[nkeys++], 1, BTEqualStrategyNumber, F_INT2EQ, Int16GetDatum(*prefix));
-  ScanKeyInit(&keys[nkeys], nkeys + 1, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE,
+  AttrNumber column = nkeys + 1;
+  if (from != DT_NOBEGIN)
+    ScanKeyInit(&keys[nkeys++], column, BTGreaterEqualStrategyNumber, F_TIMESTAMPTZ_GE,
+                TimestampTzGetDatum(from));
+  ScanKeyInit(&keys[nkeys++], column, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE,
               TimestampTzGetDatum(bound));
-  nkeys++;
   IndexScanDesc scan = index_beginscan(store->heap, index, snapshot, nkeys, 0);
   index_rescan(scan, keys, nkeys, nullptr, 0);
   int64 changed = 0;
@@ -322,21 +326,27 @@ static int64 scan_up_to(KeyStore* store, Oid index_oid, LOCKMODE mode, Snapshot 
   return changed;
 }
 
-int64 store_reap_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows) {
+int64 store_reap_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows,
+                         ReapPosition* position) {
   int64 deleted = 0;
-  for (int16 slot = 0; slot < kReapSlots && deleted < max_rows; slot++)
-    deleted += scan_up_to(store, store_oids().expires_index, RowExclusiveLock, snapshot, slot, now,
-                          max_rows - deleted, [&](KeyRow*, const StoredRow& view, ItemPointer tid) {
+  while (position->slot < kReapSlots) {
+    deleted += scan_up_to(store, store_oids().expires_index, RowExclusiveLock, snapshot,
+                          position->slot, position->from, now, max_rows - deleted,
+                          [&](KeyRow*, const StoredRow& view, ItemPointer tid) {
+                            position->from = view.expires_at;
                             TransactionId writer;
                             return !is_live(view, now) &&
                                    store_delete(store, tid, &writer) == WriteResult::kDone;
                           });
+    if (deleted >= max_rows) break;
+    *position = ReapPosition{static_cast<int16>(position->slot + 1), DT_NOBEGIN};
+  }
   return deleted;
 }
 
 int64 store_abandon_stale(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows) {
   return scan_up_to(store, store_oids().lease_index, RowExclusiveLock, snapshot, std::nullopt,
-                    now, max_rows,
+                    DT_NOBEGIN, now, max_rows,
                     [&](KeyRow* row, const StoredRow& view, ItemPointer tid) {
                       if (view.state != KeyState::kPending) return false;
                       row->set(kState, CharGetDatum(static_cast<char>(KeyState::kAbandoned)));
@@ -349,7 +359,7 @@ int64 store_abandon_stale(KeyStore* store, Snapshot snapshot, TimestampTz now, i
 int64 store_count_stale_leases(KeyStore* store, Snapshot snapshot, TimestampTz now,
                                int64 max_rows) {
   return scan_up_to(store, store_oids().lease_index, AccessShareLock, snapshot, std::nullopt,
-                    now, max_rows,
+                    DT_NOBEGIN, now, max_rows,
                     [](KeyRow*, const StoredRow& view, ItemPointer) {
                       return view.state == KeyState::kPending;
                     });

@@ -107,8 +107,16 @@ WriteResult store_delete(KeyStore* store, ItemPointer tid, TransactionId* writer
 // Expiry, for the reaper and idem_reap: each scans with `snapshot`, acts on at
 // most max_rows rows, skips rows other transactions are writing, and returns how
 // many rows it changed.
-// Deletes rows whose dedup window has passed and that are not live (core is_live).
-int64 store_reap_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows);
+// Deletes rows whose dedup window has passed and that are not live (core is_live),
+// from `position` on, which it advances: the next batch of a pass then starts where
+// this one stopped, not again at index entries of rows already deleted (they stay
+// until vacuum, and while an older snapshot is open each costs a heap visit).
+struct ReapPosition {
+  int16 slot = 0;               // reap_slot
+  TimestampTz from = DT_NOBEGIN;  // expires_at in that slot
+};
+int64 store_reap_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows,
+                         ReapPosition* position);
 // Marks pending claims whose lease ran out abandoned.
 int64 store_abandon_stale(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows);
 // Counts pending claims whose lease ran out (the reaper's next work), up to max_rows.

@@ -132,14 +132,16 @@ static void record_pass(const PassResult& result, TimestampTz started) {
 
 enum class Sweep { kExpired, kDroppedRoles, kStale };
 
-static int64 sweep_once(Sweep sweep, int64 max_rows) {
+static int64 sweep_once(Sweep sweep, int64 max_rows, ReapPosition* position) {
   KeyStore store;
   store_open(&store, true);
   Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
   TimestampTz now = GetCurrentTimestamp();
   int64 changed = 0;
   switch (sweep) {
-    case Sweep::kExpired: changed = store_reap_expired(&store, snapshot, now, max_rows); break;
+    case Sweep::kExpired:
+      changed = store_reap_expired(&store, snapshot, now, max_rows, position);
+      break;
     case Sweep::kDroppedRoles:
       changed = store_reap_dropped_roles(&store, snapshot, max_rows);
       break;
@@ -172,11 +174,12 @@ static bool clients_running() {
 static int64 sweep_in_batches(Sweep sweep) {
   constexpr int64 kBusyRestFactor = 4;
   int64 total = 0;
+  ReapPosition position;
   for (;;) {
     int64 batch = settings.reaper_batch_size;
     TimestampTz started = GetCurrentTimestamp();
     StartTransactionCommand();
-    int64 changed = sweep_once(sweep, batch);
+    int64 changed = sweep_once(sweep, batch, &position);
     bool busy = clients_running();
     CommitTransactionCommand();
     total += changed;
@@ -199,11 +202,12 @@ PassResult reap_current_database(bool own_transactions, int64 max_rows) {
     result.deleted = sweep_in_batches(Sweep::kExpired) + sweep_in_batches(Sweep::kDroppedRoles);
     result.abandoned = sweep_in_batches(Sweep::kStale);
   } else {
-    result.deleted = sweep_once(Sweep::kExpired, max_rows);
+    ReapPosition position;
+    result.deleted = sweep_once(Sweep::kExpired, max_rows, &position);
     CommandCounterIncrement();
-    result.deleted += sweep_once(Sweep::kDroppedRoles, max_rows - result.deleted);
+    result.deleted += sweep_once(Sweep::kDroppedRoles, max_rows - result.deleted, &position);
     CommandCounterIncrement();
-    result.abandoned = sweep_once(Sweep::kStale, PG_INT64_MAX);
+    result.abandoned = sweep_once(Sweep::kStale, PG_INT64_MAX, &position);
   }
   record_pass(result, started);
   return result;
