@@ -113,15 +113,14 @@ bool reaper_stats(ReaperStats* stats) {
   return true;
 }
 
-static void record_pass(const PassResult& result, TimestampTz started) {
+static void record_pass(const PassResult& result, TimestampTz now) {
   if (shared == nullptr) return;
-  TimestampTz now = GetCurrentTimestamp();
   SpinLockAcquire(&shared->mutex);
   if (DatabaseState* entry = database_entry(MyDatabaseId, true)) {
     entry->reaped_total += result.deleted;
     entry->reclaimed_total += result.abandoned;
     entry->last_reap_at = now;
-    entry->last_reap_ms = (now - started) / 1000;
+    entry->last_reap_ms = result.ms;
   }
   SpinLockRelease(&shared->mutex);
 }
@@ -209,7 +208,9 @@ PassResult reap_current_database(bool own_transactions, int64 max_rows) {
     CommandCounterIncrement();
     result.abandoned = sweep_once(Sweep::kStale, PG_INT64_MAX, &position);
   }
-  record_pass(result, started);
+  TimestampTz now = GetCurrentTimestamp();
+  result.ms = (now - started) / 1000;
+  record_pass(result, now);
   return result;
 }
 
@@ -251,8 +252,9 @@ static void reaper_main(Datum argument) {
   pgstat_report_activity(STATE_RUNNING, "reaping expired idempotency keys");
   PassResult result = reap_current_database(true, 0);
   if (result.deleted > 0 || result.abandoned > 0)
-    elog(DEBUG1, "idempotency reaper deleted %lld keys and abandoned %lld stale claims",
-         static_cast<long long>(result.deleted), static_cast<long long>(result.abandoned));
+    elog(DEBUG1, "idempotency reaper deleted %lld keys and abandoned %lld stale claims in %lld ms",
+         static_cast<long long>(result.deleted), static_cast<long long>(result.abandoned),
+         static_cast<long long>(result.ms));
   proc_exit(0);
 }
 

@@ -29,6 +29,7 @@ bool reaper_stats(ReaperStats* stats);
 struct PassResult {
   int64 deleted;
   int64 abandoned;
+  int64 ms;  // how long the pass took
 };
 
 // One pass in the current database. With own_transactions each batch of
