@@ -21,7 +21,6 @@ extern "C" {
 #include "miscadmin.h"
 #include "storage/latch.h"
 #include "storage/lmgr.h"
-#include "storage/lock.h"
 #include "utils/datum.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
@@ -236,7 +235,6 @@ void store_view_row(const KeyRow& row, StoredRow* view) {
   *view = StoredRow{};
   fill_view(row, view);
 }
-
 
 static WriteResult write_result(TM_Result result, const TM_FailureData& failure,
                                 TransactionId* writer) {
