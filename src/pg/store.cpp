@@ -80,7 +80,9 @@ static const StoreOids& store_oids() {
 }
 
 void store_open(KeyStore* store, bool for_write) {
-  const StoreOids& oids = store_oids();
+  // A copy: opening the table accepts invalidation messages (ANALYZE, VACUUM and
+  // autovacuum send them), and forget_oids then clears the cache under a reference.
+  const StoreOids oids = store_oids();
   LOCKMODE mode = for_write ? RowExclusiveLock : AccessShareLock;
   *store = KeyStore{};
   store->heap = table_open(oids.heap, mode);
