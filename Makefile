@@ -1,7 +1,7 @@
 # PGXS build of the idempotency extension (C++17, OpenSSL libcrypto).
 EXTENSION = idempotency
 MODULE_big = idempotency
-DATA = idempotency--1.0.sql
+DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql
 
 CORE_OBJS = src/core/key.o src/core/canonical_json.o src/core/sha256.o src/core/decision.o
 PG_OBJS = src/pg/errors.o src/pg/module.o src/pg/guc.o src/pg/key_type.o src/pg/hashing.o \
@@ -14,10 +14,10 @@ SHLIB_LINK = -lstdc++ -lcrypto
 
 EXTRA_CLEAN = $(EXTENSION)-*.tar.gz
 
-REGRESS = key_type claim unwritten finish lease fingerprint identity bad_input hostile settings reaper
+REGRESS = key_type claim unwritten finish lease abandoned fingerprint identity lock_secret bad_input hostile layout settings reaper
 REGRESS_OPTS = --inputdir=.
 
-ISOLATION = claim_wait once_race isolation_levels opposite_order lease_takeover reaper_wait
+ISOLATION = claim_wait finish_wait once_race isolation_levels opposite_order lease_takeover reaper_wait
 ISOLATION_OPTS = --inputdir=test/isolation --outputdir=output_iso
 
 TAP_TESTS = 1

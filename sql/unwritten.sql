@@ -80,7 +80,8 @@ SELECT idem_complete('u', 'k8', '"second"');
 SELECT * FROM identity_locks;
 COMMIT;
 SELECT state, response FROM idem_lookup('u', 'k8');
--- A completion in a released savepoint stays written; the lock goes at COMMIT.
+-- A completion in a released savepoint stays written: the release hands it to the
+-- claim's level, so the lock goes at once, not at COMMIT.
 BEGIN;
 SELECT outcome FROM idem_claim('u', 'k9');
 SAVEPOINT a;
@@ -119,6 +120,59 @@ SELECT count(*) FROM generate_series(1, 39) g,
 COMMIT;
 \echo :LAST_ERROR_SQLSTATE
 SELECT count(*) AS stored FROM idempotency.keys WHERE key::text LIKE 'open-%';
+
+-- An error between taking the identity lock and recording the claim, caught by a
+-- savepoint, leaves no lock behind: the lock is recorded as it is taken and released
+-- with the subtransaction. The error is injected by an index expression that fails for
+-- one key, evaluated while a lease claim inserts its row under the lock.
+CREATE FUNCTION boom(k idem_key) RETURNS int LANGUAGE plpgsql IMMUTABLE AS $$
+BEGIN
+  IF k::text = 'boom' THEN RAISE EXCEPTION 'injected failure' USING ERRCODE = 'XX999'; END IF;
+  RETURN 0;
+END $$;
+CREATE INDEX keys_boom_idx ON idempotency.keys (boom(key));
+BEGIN;
+SAVEPOINT s;
+SELECT outcome FROM idem_claim('u', 'boom', lease => '1 hour');
+ROLLBACK TO SAVEPOINT s;
+SELECT * FROM identity_locks;
+-- The same with PL/pgSQL's EXCEPTION block.
+DO $$
+BEGIN
+  PERFORM idem_claim('u', 'boom', lease => '1 hour');
+EXCEPTION WHEN SQLSTATE 'XX999' THEN
+  RAISE NOTICE 'caught: %', SQLERRM;
+END $$;
+SELECT * FROM identity_locks;
+COMMIT;
+DROP INDEX idempotency.keys_boom_idx;
+DROP FUNCTION boom(idem_key);
+
+-- 1,000 messages, each in its own EXCEPTION block (a subtransaction, as JDBC's
+-- autosave and psql's ON_ERROR_ROLLBACK make too): every claim keeps the one-write
+-- path, because a completion released into its claim's level lets the lock go at
+-- once instead of keeping one of the 32 places until COMMIT.
+BEGIN;
+DO $$
+DECLARE
+  k idem_key;
+BEGIN
+  FOR i IN 1..1000 LOOP
+    BEGIN
+      k := ('sp-' || i)::idem_key;
+      PERFORM idem_claim('u', k);
+      IF EXISTS (SELECT FROM idempotency.keys WHERE scope = 'u' AND key = k) THEN
+        RAISE EXCEPTION 'claim % was written when made', i;
+      END IF;
+      PERFORM idem_complete('u', k, to_jsonb(i));
+    EXCEPTION WHEN division_by_zero THEN
+      NULL;  -- never raised: the handler only makes the block a subtransaction
+    END;
+  END LOOP;
+END $$;
+SELECT * FROM identity_locks;
+COMMIT;
+SELECT state, count(*) FROM idempotency.keys WHERE key::text LIKE 'sp-%' GROUP BY state;
 
 DROP VIEW identity_locks, rows_of;
 DELETE FROM idempotency.keys WHERE scope = 'u';

@@ -292,7 +292,8 @@ check_destdir_install() {
   fi
   for file in "$("$PG_CONFIG" --pkglibdir)/idempotency.so" \
               "$("$PG_CONFIG" --sharedir)/extension/idempotency.control" \
-              "$("$PG_CONFIG" --sharedir)/extension/idempotency--1.0.sql"; do
+              "$("$PG_CONFIG" --sharedir)/extension/idempotency--1.0.sql" \
+              "$("$PG_CONFIG" --sharedir)/extension/idempotency--1.0--1.1.sql"; do
     if [ -f "$stage$file" ]; then
       echo "staged $file"
     else

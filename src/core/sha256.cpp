@@ -33,6 +33,31 @@ Digest digest_of(std::initializer_list<std::string_view> parts) {
 
 Digest sha256(std::string_view bytes) { return digest_of({bytes}); }
 
+Digest hmac_sha256(std::string_view key, std::initializer_list<std::string_view> parts) {
+  constexpr std::size_t kBlock = 64;
+  if (key.size() > kBlock) throw std::invalid_argument("HMAC key longer than a SHA-256 block");
+  std::array<char, kBlock> inner{}, outer{};
+  for (std::size_t i = 0; i < kBlock; i++) {
+    unsigned char k = i < key.size() ? static_cast<unsigned char>(key[i]) : 0;
+    inner[i] = static_cast<char>(k ^ 0x36);
+    outer[i] = static_cast<char>(k ^ 0x5c);
+  }
+  Context context(EVP_MD_CTX_new());
+  if (!context || EVP_DigestInit_ex(context.get(), EVP_sha256(), nullptr) != 1 ||
+      EVP_DigestUpdate(context.get(), inner.data(), kBlock) != 1)
+    throw std::runtime_error("OpenSSL could not start a SHA-256 digest");
+  for (std::string_view part : parts)
+    if (EVP_DigestUpdate(context.get(), part.data(), part.size()) != 1)
+      throw std::runtime_error("OpenSSL could not update a SHA-256 digest");
+  Digest inner_digest;
+  unsigned int length = 0;
+  if (EVP_DigestFinal_ex(context.get(), inner_digest.data(), &length) != 1)
+    throw std::runtime_error("OpenSSL could not finish a SHA-256 digest");
+  return digest_of({std::string_view(outer.data(), kBlock),
+                    std::string_view(reinterpret_cast<const char*>(inner_digest.data()),
+                                     inner_digest.size())});
+}
+
 std::string derive_key(std::string_view root, std::string_view step) {
   static const char kHex[] = "0123456789abcdef";
   // The NUL keeps ("ab", "c") and ("a", "bc") apart; a key never contains one.

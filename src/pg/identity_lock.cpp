@@ -1,5 +1,7 @@
 #include "pg/identity_lock.hpp"
 
+#include "core/sha256.hpp"
+
 extern "C" {
 #include "common/hashfn.h"
 #include "miscadmin.h"
@@ -21,14 +23,39 @@ static pg_atomic_uint64* insert_counts;
 static shmem_request_hook_type previous_shmem_request;
 static shmem_startup_hook_type previous_shmem_startup;
 
-static uint64 hash_text(const struct varlena* value, uint64 seed) {
-  return hash_bytes_extended(reinterpret_cast<const unsigned char*>(VARDATA_ANY(value)),
-                             VARSIZE_ANY_EXHDR(value), seed);
+static std::string_view bytes_of(const struct varlena* value) {
+  return std::string_view(VARDATA_ANY(value), VARSIZE_ANY_EXHDR(value));
 }
 
-IdentityLock identity_lock(const Identity& id) {
-  uint64 hash = hash_text(reinterpret_cast<const struct varlena*>(id.scope), id.role);
-  hash = hash_combine64(hash, hash_text(id.key, 0));
+// A keyed hash: pg_locks shows the tag to every role, so without the secret any role
+// could test a guessed key of another role for a claim in flight, or craft a key
+// whose lock collides with another role's and make its claims wait.
+static uint64 identity_hash(const Identity& id, const LockSecret& secret) {
+  std::string_view scope = bytes_of(reinterpret_cast<const struct varlena*>(id.scope));
+  uint32 scope_length = scope.size();  // keeps ("ab", "c") and ("a", "bc") apart
+  Digest digest = hmac_sha256(
+      std::string_view(reinterpret_cast<const char*>(secret.bytes), secret.size),
+      {std::string_view(reinterpret_cast<const char*>(&id.role), sizeof(id.role)),
+       std::string_view(reinterpret_cast<const char*>(&scope_length), sizeof(scope_length)),
+       scope, bytes_of(id.key)});
+  uint64 hash;
+  memcpy(&hash, digest.data(), sizeof(hash));
+  return hash;
+}
+
+// A database whose extension is still at 1.0 has no secret: the unkeyed hash of 1.0,
+// until ALTER EXTENSION idempotency UPDATE.
+static uint64 unkeyed_identity_hash(const Identity& id) {
+  auto hash_text = [](std::string_view value, uint64 seed) {
+    return hash_bytes_extended(reinterpret_cast<const unsigned char*>(value.data()), value.size(),
+                               seed);
+  };
+  uint64 hash = hash_text(bytes_of(reinterpret_cast<const struct varlena*>(id.scope)), id.role);
+  return hash_combine64(hash, hash_text(bytes_of(id.key), 0));
+}
+
+IdentityLock identity_lock(const Identity& id, const LockSecret& secret) {
+  uint64 hash = secret.size > 0 ? identity_hash(id, secret) : unkeyed_identity_hash(id);
   IdentityLock lock;
   SET_LOCKTAG_ADVISORY(lock.tag, MyDatabaseId, static_cast<uint32>(hash >> 32),
                        static_cast<uint32>(hash), kIdentityLockSpace);

@@ -18,7 +18,8 @@ struct IdentityLock {
   pg_atomic_uint64* inserts;  // rows inserted under locks of this slot; null unless preloaded
 };
 
-IdentityLock identity_lock(const Identity& id);
+// The lock of `id`, its tag a hash keyed with the store's secret (store_lock_secret).
+IdentityLock identity_lock(const Identity& id, const LockSecret& secret);
 
 // Taken without queueing, polled until `deadline` (false if it passes), like every
 // wait here. The transaction holds it until released or the transaction ends.

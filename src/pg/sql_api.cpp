@@ -238,7 +238,11 @@ static KeyRow take_over(const ClaimRequest& request, const KeyRow& stored, Times
 // What this transaction's unwritten claim, or else the store, holds for `id`.
 static void probe_key(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* probe) {
   const KeyRow* row = unwritten_claim(id);
-  if (row == nullptr) return store_probe(store, id, snapshot, probe);
+  if (row == nullptr) {
+    store_probe(store, id, snapshot, probe);
+    probe->view.claimed_by_this_transaction = probe->found && claimed_here(*probe, id);
+    return;
+  }
   *probe = Probe{};
   probe->found = probe->unwritten = true;
   probe->row = *row;
@@ -311,12 +315,14 @@ struct InsertLock {
 
 enum class InsertLockStep { kGo, kLookAgain, kTimedOut };
 
-static InsertLock insert_lock(const Identity& id) { return InsertLock{identity_lock(id), false, 0}; }
+static InsertLock insert_lock(const Identity& id) {
+  return InsertLock{identity_lock(id, store_lock_secret()), false, 0};
+}
 
 static void before_look(InsertLock* insert) { insert->inserts_before = inserts_seen(insert->lock); }
 
 static void release_lock(InsertLock* insert) {
-  if (insert->held) unlock_identity(insert->lock);
+  if (insert->held) release_identity_lock(insert->lock);
   insert->held = false;
 }
 
@@ -326,15 +332,25 @@ static InsertLockStep hold_for(ClaimAction action, InsertLock* insert, Timestamp
     return InsertLockStep::kGo;
   }
   if (insert->held) return InsertLockStep::kGo;
-  if (!lock_identity(insert->lock, deadline)) return InsertLockStep::kTimedOut;
+  if (!hold_identity_lock(insert->lock, deadline)) return InsertLockStep::kTimedOut;
   insert->held = true;
   return inserted_since(insert->lock, insert->inserts_before) ? InsertLockStep::kLookAgain
                                                               : InsertLockStep::kGo;
 }
 
+// Inserts a key's first row under its lock. False when the primary key found a row
+// the probe did not see: the lock is let go and the caller looks again.
+static bool insert_first_row(KeyStore* store, KeyRow* row, InsertLock* insert) {
+  bool inserted = store_insert(store, row);
+  if (inserted) note_insert(insert->lock);
+  release_lock(insert);
+  return inserted;
+}
+
 static Datum claim_with(FunctionCallInfo fcinfo, KeyStore* store, const ClaimRequest& request) {
   InsertLock insert = insert_lock(request.id);
   for (;;) {
+    CHECK_FOR_INTERRUPTS();
     before_look(&insert);
     Probe probe;
     probe_key(store, request.id, nullptr, &probe);
@@ -363,9 +379,8 @@ static Datum claim_with(FunctionCallInfo fcinfo, KeyStore* store, const ClaimReq
         row = fresh_claim(request, now);
         if (request.lease == nullptr && can_leave_claim_unwritten()) {
           remember_unwritten_claim(store, request.id, row, insert.lock);  // keeps the lock
-        } else {
-          store_insert(store, &row, insert.lock);
-          release_lock(&insert);
+        } else if (!insert_first_row(store, &row, &insert)) {
+          written = WriteResult::kChanged;
         }
         break;
       case ClaimAction::kReplaceExpired:
@@ -435,6 +450,8 @@ static void apply_finish(const FinishRequest& request, TimestampTz now, KeyRow* 
         row->clear(kResponse);
       else
         row->set(kResponse, request.data);
+      // Out of the lease index and of idem_abandoned's index (keys_leased_idx).
+      row->clear(kLease);
       row->clear(kLeaseExpiresAt);
       break;
     case Finish::kCheckpoint:
@@ -460,9 +477,29 @@ static void write_unwritten_claim(KeyStore* store, const FinishRequest& request,
                                   KeyRow row) {
   if (request.kind != Finish::kRelease) {
     apply_finish(request, now, &row);
-    store_insert(store, &row, identity_lock(request.id));  // still held
+    // The claim's lock is still held and its probe saw no row, so only a row written
+    // outside the functions (a hand-made INSERT) can be in the way.
+    if (!store_insert(store, &row))
+      ereport(ERROR, errcode(ERRCODE_IDEM_CLAIM_LOST),
+              errmsg("claim on idempotency key \"%s\" in scope \"%s\" was lost",
+                     key_text(request.id), text_to_cstring(request.id.scope)),
+              errdetail("Another row of the key was stored while the claim was held."));
+    note_insert(identity_lock(request.id, store_lock_secret()));
   }
   note_unwritten_claim_written(request.id);
+}
+
+// Another transaction's in-transaction claim of a key without a row holds only the
+// key's identity lock and stores nothing until it finishes. A finish or idem_forget
+// that finds no row waits for that lock as for any writer (rule 4) and looks again
+// while holding it; false when the wait ran out.
+static bool look_again_under_identity_lock(KeyStore* store, const Identity& id,
+                                           TimestampTz deadline, Probe* probe) {
+  IdentityLock lock = identity_lock(id, store_lock_secret());
+  if (!hold_identity_lock(lock, deadline)) return false;
+  probe_key(store, id, nullptr, probe);
+  release_identity_lock(lock);
+  return true;
 }
 
 static void finish(const FinishRequest& request, const char* function) {
@@ -471,8 +508,11 @@ static void finish(const FinishRequest& request, const char* function) {
   store_open(&store, true);
   TimestampTz deadline = default_wait_deadline(GetCurrentTimestamp());
   for (;;) {
+    CHECK_FOR_INTERRUPTS();
     Probe probe;
     probe_key(&store, request.id, nullptr, &probe);
+    if (!probe.found && !look_again_under_identity_lock(&store, request.id, deadline, &probe))
+      raise_in_progress(request.id);
     TimestampTz now = GetCurrentTimestamp();
     TransactionId writer = probe.writer;
     WriteResult written = WriteResult::kBusy;
@@ -563,6 +603,7 @@ static Datum once(FunctionCallInfo fcinfo) {
   bool applied = false;
   InsertLock insert = insert_lock(request.id);
   for (;;) {
+    CHECK_FOR_INTERRUPTS();
     before_look(&insert);
     Probe probe;
     probe_key(&store, request.id, nullptr, &probe);
@@ -585,10 +626,8 @@ static Datum once(FunctionCallInfo fcinfo) {
       case ClaimAction::kInsert:
         row = fresh_claim(request, now);
         row.set(kState, CharGetDatum(static_cast<char>(KeyState::kCompleted)));
-        store_insert(&store, &row, insert.lock);
-        release_lock(&insert);
-        written = WriteResult::kDone;
-        applied = true;
+        applied = insert_first_row(&store, &row, &insert);
+        written = applied ? WriteResult::kDone : WriteResult::kChanged;
         break;
       case ClaimAction::kReplaceExpired:
       case ClaimAction::kTakeOver:
@@ -615,8 +654,11 @@ static Datum forget(FunctionCallInfo fcinfo) {
   TimestampTz deadline = default_wait_deadline(GetCurrentTimestamp());
   bool was_live = false;
   for (;;) {
+    CHECK_FOR_INTERRUPTS();
     Probe probe;
     probe_key(&store, id, nullptr, &probe);
+    if (!probe.found && !look_again_under_identity_lock(&store, id, deadline, &probe))
+      raise_in_progress(id);
     if (!probe.found) break;
     if (probe.unwritten) {  // nothing stored yet: drop the claim
       was_live = true;
@@ -713,10 +755,16 @@ static Datum abandoned(FunctionCallInfo fcinfo) {
   KeyStore store;
   store_open(&store, false);
   TimestampTz now = GetCurrentTimestamp();
+  // keys_leased_idx holds only lease claims, in (role, first_claimed_at) order, so
+  // the scan reads the role's pending, stale and abandoned lease claims, oldest first,
+  // and stops after max_rows. A database still at 1.0 lacks it: all the role's keys.
+  IndexScanDesc scan = store_begin_leased_scan(&store, GetUserId(), GetActiveSnapshot());
+  bool ordered = scan != nullptr;
+  if (!ordered) scan = store_begin_role_scan(&store, GetUserId(), GetActiveSnapshot());
   int count = 0, capacity = 16;
   AbandonedClaim* found = static_cast<AbandonedClaim*>(palloc(capacity * sizeof(AbandonedClaim)));
-  IndexScanDesc scan = store_begin_role_scan(&store, GetUserId(), GetActiveSnapshot());
-  while (index_getnext_slot(scan, ForwardScanDirection, store.read_slot)) {
+  while ((!ordered || count < max_rows) &&
+         index_getnext_slot(scan, ForwardScanDirection, store.read_slot)) {
     KeyRow row;
     StoredRow view;
     store_read_slot(store.read_slot, &row, &view);
@@ -729,8 +777,9 @@ static Datum abandoned(FunctionCallInfo fcinfo) {
       found = static_cast<AbandonedClaim*>(repalloc(found, capacity * sizeof(AbandonedClaim)));
     }
     found[count++] = AbandonedClaim{DatumGetTimestampTz(row.get(kFirstClaimedAt)), row};
+    CHECK_FOR_INTERRUPTS();
   }
-  index_endscan(scan);
+  store_end_scan(&store, scan);
   store_close(&store);
 
   qsort(found, count, sizeof(AbandonedClaim), oldest_first);

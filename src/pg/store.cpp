@@ -5,26 +5,28 @@
 
 #include <optional>
 
-#include "pg/identity_lock.hpp"
-#include "pg/xact.hpp"
-
 extern "C" {
 #include "access/genam.h"
 #include "access/heapam.h"
+#include "access/htup_details.h"
 #include "access/relation.h"
 #include "access/table.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_collation.h"
+#include "catalog/pg_type.h"
 #include "common/hashfn.h"
 #include "executor/executor.h"
 #include "miscadmin.h"
 #include "storage/latch.h"
+#include "storage/bufmgr.h"
 #include "storage/lmgr.h"
+#include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 #include "utils/wait_event.h"
@@ -33,20 +35,77 @@ extern "C" {
 namespace idempotency {
 
 // Catalog identity of the store, looked up once per backend and forgotten when the
-// relcache says the table changed (DROP EXTENSION, for one).
+// relcache says the table changed (DROP EXTENSION, ALTER EXTENSION UPDATE, for one).
 struct StoreOids {
   Oid heap;
   Oid index;          // keys_pkey (role, scope, key)
   Oid expires_index;  // keys_expires_at_idx (reap_slot, expires_at)
   Oid lease_index;    // keys_lease_expires_at_idx, partial: leased rows only
+  Oid leased_index;   // keys_leased_idx (role, first_claimed_at), partial: lease claims (1.1)
+  Oid secret;         // idempotency.lock_secret (1.1)
   RegProcedure key_eq;
 };
 static StoreOids cached_oids;
 
+// The identity locks' hash key, read once per backend after the OIDs.
+static LockSecret cached_secret;
+static bool secret_loaded;
+
 static void forget_oids(Datum, Oid relid) {
   if (relid == InvalidOid || relid == cached_oids.heap || relid == cached_oids.index ||
-      relid == cached_oids.expires_index || relid == cached_oids.lease_index)
+      relid == cached_oids.expires_index || relid == cached_oids.lease_index ||
+      relid == cached_oids.leased_index || relid == cached_oids.secret) {
     cached_oids = StoreOids{};
+    secret_loaded = false;
+  }
+}
+
+// The columns of idempotency.keys this library reads and writes, by position.
+struct ExpectedColumn {
+  const char* name;
+  Oid type;  // InvalidOid: the extension's own idem_key
+};
+static const ExpectedColumn kExpectedColumns[kKeysColumns] = {
+    {"role", REGROLEOID},           {"attempt", INT4OID},
+    {"first_claimed_at", TIMESTAMPTZOID}, {"expires_at", TIMESTAMPTZOID},
+    {"reap_slot", INT2OID},         {"scope", TEXTOID},
+    {"key", InvalidOid},            {"fingerprint", BYTEAOID},
+    {"lease", INTERVALOID},         {"checkpoint", TEXTOID},
+    {"checkpoint_data", JSONBOID},  {"lease_expires_at", TIMESTAMPTZOID},
+    {"state", CHAROID},             {"response", JSONBOID},
+};
+
+// A library must never write columns it does not know (an older library against a
+// newer schema): refuse unless the table has exactly the expected columns.
+static void check_layout(Oid heap) {
+  Relation rel = table_open(heap, AccessShareLock);
+  TupleDesc desc = RelationGetDescr(rel);
+  int natts = desc->natts;
+  const char* problem = nullptr;
+  for (int i = 0; i < Max(natts, kKeysColumns) && problem == nullptr; i++) {
+    if (i >= natts || i >= kKeysColumns) {
+      problem = psprintf("It has %d columns; this library expects %d.", natts, kKeysColumns);
+      break;
+    }
+    Form_pg_attribute att = TupleDescAttr(desc, i);
+    const ExpectedColumn& want = kExpectedColumns[i];
+    if (att->attisdropped) {
+      problem = psprintf("Column %d was dropped; this library expects \"%s\".", i + 1, want.name);
+      break;
+    }
+    bool type_ok = OidIsValid(want.type) ? att->atttypid == want.type
+                                         : strcmp(format_type_be(att->atttypid), "idem_key") == 0;
+    if (strcmp(NameStr(att->attname), want.name) != 0 || !type_ok)
+      problem = psprintf("Column %d is \"%s\" of type %s; this library expects \"%s\".", i + 1,
+                         NameStr(att->attname), format_type_be(att->atttypid), want.name);
+  }
+  table_close(rel, AccessShareLock);
+  if (problem != nullptr)
+    ereport(ERROR, errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+            errmsg("idempotency.keys does not have the columns this library expects"),
+            errdetail_internal("%s", problem),
+            errhint("Install the idempotency library that matches the extension's version, "
+                    "then run ALTER EXTENSION idempotency UPDATE."));
 }
 
 static const StoreOids& store_oids() {
@@ -57,26 +116,63 @@ static const StoreOids& store_oids() {
     callback_registered = true;
   }
   Oid schema = get_namespace_oid("idempotency", true);
-  Oid heap = OidIsValid(schema) ? get_relname_relid("keys", schema) : InvalidOid;
-  Oid index = OidIsValid(schema) ? get_relname_relid("keys_pkey", schema) : InvalidOid;
-  Oid expires_index =
-      OidIsValid(schema) ? get_relname_relid("keys_expires_at_idx", schema) : InvalidOid;
-  Oid lease_index =
-      OidIsValid(schema) ? get_relname_relid("keys_lease_expires_at_idx", schema) : InvalidOid;
-  if (!OidIsValid(heap) || !OidIsValid(index) || !OidIsValid(expires_index) ||
-      !OidIsValid(lease_index))
+  auto relation = [schema](const char* name) {
+    return OidIsValid(schema) ? get_relname_relid(name, schema) : InvalidOid;
+  };
+  StoreOids oids{relation("keys"),        relation("keys_pkey"),
+                 relation("keys_expires_at_idx"), relation("keys_lease_expires_at_idx"),
+                 relation("keys_leased_idx"),     relation("lock_secret"),
+                 InvalidOid};
+  if (!OidIsValid(oids.heap) || !OidIsValid(oids.index) || !OidIsValid(oids.expires_index) ||
+      !OidIsValid(oids.lease_index))
     ereport(ERROR, errcode(ERRCODE_UNDEFINED_TABLE),
             errmsg("the idempotency key store does not exist in this database"),
             errhint("Run CREATE EXTENSION idempotency."));
+  check_layout(oids.heap);
   // The key column's equality function, as the index's operator family defines it.
-  Relation index_rel = index_open(index, AccessShareLock);
+  Relation index_rel = index_open(oids.index, AccessShareLock);
   const int key_column = 2;  // 0-based in the index (role, scope, key)
   Oid opfamily = index_rel->rd_opfamily[key_column];
   Oid keytype = index_rel->rd_opcintype[key_column];
   index_close(index_rel, AccessShareLock);
   Oid eq = get_opfamily_member(opfamily, keytype, keytype, BTEqualStrategyNumber);
-  cached_oids = StoreOids{heap, index, expires_index, lease_index, get_opcode(eq)};
+  oids.key_eq = get_opcode(eq);
+  cached_oids = oids;
   return cached_oids;
+}
+
+LockSecret store_lock_secret() {
+  const StoreOids oids = store_oids();
+  if (secret_loaded) return cached_secret;
+  LockSecret secret{};
+  if (OidIsValid(oids.secret)) {  // absent before ALTER EXTENSION idempotency UPDATE to 1.1
+    Relation rel = table_open(oids.secret, AccessShareLock);
+    Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
+    TableScanDesc scan = table_beginscan(rel, snapshot, 0, nullptr);
+    HeapTuple tuple = heap_getnext(scan, ForwardScanDirection);
+    if (tuple != nullptr) {
+      bool isnull;
+      Datum value = heap_getattr(tuple, 1, RelationGetDescr(rel), &isnull);
+      bytea* bytes = isnull ? nullptr : DatumGetByteaPP(value);
+      if (bytes != nullptr && VARSIZE_ANY_EXHDR(bytes) == sizeof(secret.bytes)) {
+        memcpy(secret.bytes, VARDATA_ANY(bytes), sizeof(secret.bytes));
+        secret.size = sizeof(secret.bytes);
+      }
+    }
+    table_endscan(scan);
+    UnregisterSnapshot(snapshot);
+    table_close(rel, AccessShareLock);
+    if (secret.size == 0)
+      ereport(ERROR, errcode(ERRCODE_DATA_CORRUPTED),
+              errmsg("idempotency.lock_secret holds no 32-byte secret"));
+  }
+  // Loaded after the invalidations that opening the table accepted: only now is the
+  // cache known to belong to the store of this call.
+  if (OidIsValid(cached_oids.heap)) {
+    cached_secret = secret;
+    secret_loaded = true;
+  }
+  return secret;
 }
 
 void store_open(KeyStore* store, bool for_write) {
@@ -85,6 +181,7 @@ void store_open(KeyStore* store, bool for_write) {
   const StoreOids oids = store_oids();
   LOCKMODE mode = for_write ? RowExclusiveLock : AccessShareLock;
   *store = KeyStore{};
+  store->context = CurrentMemoryContext;
   store->heap = table_open(oids.heap, mode);
   store->index = index_open(oids.index, mode);
   store->read_slot = table_slot_create(store->heap, nullptr);
@@ -92,6 +189,7 @@ void store_open(KeyStore* store, bool for_write) {
 
 void store_close(KeyStore* store) {
   if (store->estate != nullptr) {
+    list_free(store->arbiters);
     ExecCloseIndices(store->result_rel);
     FreeExecutorState(store->estate);
   }
@@ -136,18 +234,72 @@ static void fill_view(const KeyRow& row, StoredRow* view) {
   }
 }
 
+// How one row version looks to a dirty snapshot, judged under its buffer's lock as
+// heap_hot_search_buffer would.
+struct VersionLook {
+  bool visible;               // live, or being written by a transaction in progress
+  ItemPointerData successor;  // valid when an update moved the row to another version
+  TransactionId updater;      // that update's transaction
+};
+
+static VersionLook look_at_version(HeapTuple tuple, Buffer buffer, Snapshot dirty) {
+  VersionLook look{};
+  ItemPointerSetInvalid(&look.successor);
+  LockBuffer(buffer, BUFFER_LOCK_SHARE);
+  look.visible = HeapTupleSatisfiesVisibility(tuple, dirty, buffer);
+  HeapTupleHeader header = tuple->t_data;
+  // A HOT successor is returned by the same index entry; only a version with index
+  // entries of its own needs following.
+  if (!look.visible && !(header->t_infomask & HEAP_XMAX_INVALID) &&
+      !HEAP_XMAX_IS_LOCKED_ONLY(header->t_infomask) && !HeapTupleHeaderIsSpeculative(header) &&
+      !HeapTupleHeaderIsHotUpdated(header) &&
+      !ItemPointerEquals(&tuple->t_self, &header->t_ctid)) {
+    look.successor = header->t_ctid;
+    look.updater = HeapTupleHeaderGetUpdateXid(header);
+  }
+  LockBuffer(buffer, BUFFER_LOCK_UNLOCK);
+  return look;
+}
+
+// A scan can pass the place where an update puts the new version's index entry just
+// before the update inserts it, and reach the old version just after the update
+// commits: the row would seem gone. So a version an update moved away is followed to
+// its successor, as EvalPlanQual follows update chains. True, with the successor in
+// `slot`, when the chain ends in a version the dirty snapshot sees.
+static bool follow_update_chain(Relation heap, VersionLook look, Snapshot dirty,
+                                TupleTableSlot* slot) {
+  while (ItemPointerIsValid(&look.successor)) {
+    CHECK_FOR_INTERRUPTS();
+    HeapTuple tuple = static_cast<HeapTuple>(palloc(sizeof(HeapTupleData)));
+    tuple->t_self = look.successor;
+    Buffer buffer;
+    if (!heap_fetch(heap, SnapshotAny, tuple, &buffer, false)) return false;  // pruned: gone
+    if (!TransactionIdEquals(HeapTupleHeaderGetRawXmin(tuple->t_data), look.updater)) {
+      ReleaseBuffer(buffer);  // the slot was reused: the chain ended long ago
+      return false;
+    }
+    look = look_at_version(tuple, buffer, dirty);
+    if (look.visible) {
+      ExecStorePinnedBufferHeapTuple(tuple, slot, buffer);
+      return true;
+    }
+    ReleaseBuffer(buffer);
+  }
+  return false;
+}
+
 void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* probe) {
   SnapshotData dirty;
   bool dirty_read = snapshot == nullptr;
-  if (dirty_read) {
-    InitDirtySnapshot(dirty);
-    snapshot = &dirty;
-  }
+  if (dirty_read) InitDirtySnapshot(dirty);
   ScanKeyData keys[3];
   init_identity_scankeys(id, keys);
 
   *probe = Probe{};
-  IndexScanDesc scan = index_beginscan(store->heap, store->index, snapshot, 3, 0);
+  // A dirty read scans every version and judges each itself, so that it can follow
+  // the ones an update moved away.
+  IndexScanDesc scan =
+      index_beginscan(store->heap, store->index, dirty_read ? SnapshotAny : snapshot, 3, 0);
   index_rescan(scan, keys, 3, nullptr, 0);
   TupleTableSlot* slot = store->read_slot;
   // At most one version of an identity is committed and live. A dirty read may also
@@ -156,6 +308,14 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
   while (index_getnext_slot(scan, ForwardScanDirection, slot)) {
     bool should_free;
     HeapTuple tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+    if (dirty_read) {
+      auto buffered = reinterpret_cast<BufferHeapTupleTableSlot*>(slot);
+      VersionLook look = look_at_version(tuple, buffered->buffer, &dirty);
+      if (!look.visible) {
+        if (!follow_update_chain(store->heap, look, &dirty, slot)) continue;
+        tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+      }
+    }
     TransactionId xmin = HeapTupleHeaderGetXmin(tuple->t_data);
     TransactionId writer = InvalidTransactionId;
     if (dirty_read) writer = TransactionIdIsValid(dirty.xmin) ? dirty.xmin : dirty.xmax;
@@ -166,10 +326,10 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
       probe->writer = writer;
       probe->view = StoredRow{};
       probe->view.written_by_other_in_progress = TransactionIdIsValid(writer);
-      bool written_here = TransactionIdIsCurrentTransactionId(xmin);
+      probe->written_here = TransactionIdIsCurrentTransactionId(xmin);
       // As ON CONFLICT does: acting on a row the transaction snapshot cannot see
       // would break REPEATABLE READ.
-      if (dirty_read && !probe->view.written_by_other_in_progress && !written_here &&
+      if (dirty_read && !probe->view.written_by_other_in_progress && !probe->written_here &&
           IsolationUsesXactSnapshot() &&
           !table_tuple_satisfies_snapshot(store->heap, slot, GetTransactionSnapshot()))
         ereport(ERROR, errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
@@ -178,10 +338,6 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
                           "transaction's snapshot was taken."));
       copy_row(slot, &probe->row);
       fill_view(probe->row, &probe->view);
-      // Written here is not always claimed here: a lease holder's checkpoint writes too.
-      probe->view.claimed_by_this_transaction =
-          written_here && probe->view.state == KeyState::kPending &&
-          (!probe->view.lease_expires_at || made_lease_claim(id));
     }
     // Only a version some other transaction is changing can have a successor.
     if (!TransactionIdIsValid(writer) || being_inserted) break;
@@ -193,14 +349,21 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
 // Executor state for index maintenance; a HOT update (a completion) needs none.
 static void ensure_executor(KeyStore* store) {
   if (store->estate != nullptr) return;
+  MemoryContext caller = MemoryContextSwitchTo(store->context);
   store->estate = CreateExecutorState();
   store->result_rel = makeNode(ResultRelInfo);
   InitResultRelInfo(store->result_rel, store->heap, 0, nullptr, 0);
   ExecOpenIndices(store->result_rel, true);
+  store->arbiters = list_make1_oid(RelationGetRelid(store->index));
+  MemoryContextSwitchTo(caller);
 }
 
 static TupleTableSlot* store_row_in_slot(KeyStore* store, const KeyRow* row) {
-  if (store->write_slot == nullptr) store->write_slot = table_slot_create(store->heap, nullptr);
+  if (store->write_slot == nullptr) {
+    MemoryContext caller = MemoryContextSwitchTo(store->context);
+    store->write_slot = table_slot_create(store->heap, nullptr);
+    MemoryContextSwitchTo(caller);
+  }
   TupleTableSlot* slot = store->write_slot;
   ExecClearTuple(slot);
   memcpy(slot->tts_values, row->values, sizeof(row->values));
@@ -209,15 +372,23 @@ static TupleTableSlot* store_row_in_slot(KeyStore* store, const KeyRow* row) {
   return slot;
 }
 
-void store_insert(KeyStore* store, KeyRow* row, const IdentityLock& held) {
+// Speculative insertion, as INSERT ... ON CONFLICT does: the primary key is the
+// arbiter, so a row of the identity that appeared unseen (whatever wrote it) makes
+// this insert back out instead of raising 23505 or waiting in a lock queue.
+bool store_insert(KeyStore* store, KeyRow* row) {
   ensure_executor(store);
   TupleTableSlot* slot = store_row_in_slot(store, row);
-  table_tuple_insert(store->heap, slot, GetCurrentCommandId(true), 0, nullptr);
-  list_free(
-      ExecInsertIndexTuples(store->result_rel, slot, store->estate, false, false, nullptr, NIL));
+  TransactionId xid = GetCurrentTransactionId();
+  uint32 token = SpeculativeInsertionLockAcquire(xid);
+  table_tuple_insert_speculative(store->heap, slot, GetCurrentCommandId(true), 0, nullptr, token);
+  bool conflict = false;
+  list_free(ExecInsertIndexTuples(store->result_rel, slot, store->estate, false, true, &conflict,
+                                  store->arbiters));
+  table_tuple_complete_speculative(store->heap, slot, token, !conflict);
+  SpeculativeInsertionLockRelease(xid);
   ResetPerTupleExprContext(store->estate);
   store->wrote = true;
-  note_insert(held);
+  return !conflict;
 }
 
 KeyRow* store_copy_row(KeyStore* store, const KeyRow& row, MemoryContext context) {
@@ -311,15 +482,23 @@ static int64 scan_up_to(KeyStore* store, Oid index_oid, LOCKMODE mode, Snapshot 
               TimestampTzGetDatum(bound));
   IndexScanDesc scan = index_beginscan(store->heap, index, snapshot, nkeys, 0);
   index_rescan(scan, keys, nkeys, nullptr, 0);
+  // Each row's copy lives only while it is acted on: a pass over a large backlog
+  // (idem_reap with no limit) must not hold every row it read.
+  MemoryContext row_context =
+      AllocSetContextCreate(CurrentMemoryContext, "idempotency scan row", ALLOCSET_SMALL_SIZES);
   int64 changed = 0;
   while (changed < max_rows && index_getnext_slot(scan, ForwardScanDirection, store->read_slot)) {
+    MemoryContext caller = MemoryContextSwitchTo(row_context);
     KeyRow row;
     StoredRow view;
     ItemPointerData tid = store->read_slot->tts_tid;
     store_read_slot(store->read_slot, &row, &view);
     if (act(&row, view, &tid)) changed++;
+    MemoryContextSwitchTo(caller);
+    MemoryContextReset(row_context);
     CHECK_FOR_INTERRUPTS();
   }
+  MemoryContextDelete(row_context);
   index_endscan(scan);
   index_close(index, NoLock);
   ExecClearTuple(store->read_slot);
@@ -429,12 +608,29 @@ void store_read_slot(TupleTableSlot* slot, KeyRow* row, StoredRow* view) {
   fill_view(*row, view);
 }
 
-IndexScanDesc store_begin_role_scan(KeyStore* store, Oid role, Snapshot snapshot) {
+static IndexScanDesc begin_role_scan(KeyStore* store, Relation index, Oid role,
+                                     Snapshot snapshot) {
   ScanKeyData key;
   ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(role));
-  IndexScanDesc scan = index_beginscan(store->heap, store->index, snapshot, 1, 0);
+  IndexScanDesc scan = index_beginscan(store->heap, index, snapshot, 1, 0);
   index_rescan(scan, &key, 1, nullptr, 0);
   return scan;
+}
+
+IndexScanDesc store_begin_role_scan(KeyStore* store, Oid role, Snapshot snapshot) {
+  return begin_role_scan(store, store->index, role, snapshot);
+}
+
+IndexScanDesc store_begin_leased_scan(KeyStore* store, Oid role, Snapshot snapshot) {
+  Oid leased = store_oids().leased_index;
+  if (!OidIsValid(leased)) return nullptr;
+  return begin_role_scan(store, index_open(leased, AccessShareLock), role, snapshot);
+}
+
+void store_end_scan(KeyStore* store, IndexScanDesc scan) {
+  Relation index = scan->indexRelation;
+  index_endscan(scan);
+  if (index != store->index) index_close(index, NoLock);
 }
 
 }  // namespace idempotency

@@ -55,12 +55,14 @@ struct KeyRow {
 // The open table and index for one call. Executor state for writes is made lazily,
 // so a replay opens no more than the index it reads.
 struct KeyStore {
+  MemoryContext context;  // the opener's: what is made lazily lives as long as the store
   Relation heap;
   Relation index;
   TupleTableSlot* read_slot;
   EState* estate;
   ResultRelInfo* result_rel;
   TupleTableSlot* write_slot;
+  List* arbiters;  // the primary key, for speculative insertion
   bool wrote;
 };
 
@@ -68,6 +70,7 @@ struct KeyStore {
 struct Probe {
   bool found;
   bool unwritten;  // this transaction's in-transaction claim, its row not yet written
+  bool written_here;  // this transaction wrote the version found
   ItemPointerData tid;
   TransactionId writer;  // another running transaction writing this row version
   KeyRow row;            // copied into the caller's memory context
@@ -84,9 +87,17 @@ void store_close(KeyStore* store);
 // SERIALIZABLE, raises 40001 for a committed row the transaction cannot see.
 void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* probe);
 
-// Inserts a row. The caller holds the identity's lock and has seen no row for it,
-// so no other insert of the identity can race this one.
-void store_insert(KeyStore* store, KeyRow* row, const struct IdentityLock& held);
+// Inserts a row unless the primary key already holds one of its identity (then
+// false: probe again). The caller holds the identity's lock and has seen no row.
+bool store_insert(KeyStore* store, KeyRow* row);
+
+// The key of the identity locks' hash, generated at install (idempotency.lock_secret);
+// size 0 in a database whose extension is still at 1.0.
+struct LockSecret {
+  unsigned char bytes[32];
+  size_t size;
+};
+LockSecret store_lock_secret();
 
 // The key's slot in the reaper's index (idempotency.keys.reap_slot).
 int16 reap_slot(const Identity& id);
@@ -131,9 +142,14 @@ bool wait_for_writer(TransactionId writer, TimestampTz deadline);
 // One sleep of such a polled wait, backing off; false once `deadline` has passed.
 bool sleep_before_retry(long* sleep_us, TimestampTz deadline);
 
-// Every row of the table in index order for one role (idem_abandoned's scan); read
+// Every row of the table in index order for one role (the dropped-role sweep); read
 // each with index_getnext_slot into store->read_slot, then store_read_slot.
 IndexScanDesc store_begin_role_scan(KeyStore* store, Oid role, Snapshot snapshot);
+// The role's lease claims (pending, stale or abandoned), oldest first: idem_abandoned
+// reads these and not the role's other keys. Null in a database still at 1.0.
+IndexScanDesc store_begin_leased_scan(KeyStore* store, Oid role, Snapshot snapshot);
+// Ends either scan.
+void store_end_scan(KeyStore* store, IndexScanDesc scan);
 void store_read_slot(TupleTableSlot* slot, KeyRow* row, StoredRow* view);
 
 }  // namespace idempotency

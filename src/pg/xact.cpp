@@ -30,14 +30,22 @@ static RememberedClaim* claims;
 static int claim_count;
 static int claim_capacity;
 
-struct UnwrittenClaim {
-  SubTransactionId subxact;     // the subtransaction that made it
-  SubTransactionId written_in;  // InvalidSubTransactionId until a finish writes its row
-  Identity id;                  // these point into TopTransactionContext
+// The identity locks this transaction holds, each recorded as soon as it is taken
+// (nothing that can fail lies between), so that a subtransaction that aborts, with an
+// error caught by a savepoint or an EXCEPTION block, releases the locks it took. A
+// lock is held either for one call's insert decision or by an unwritten claim.
+struct HeldLock {
+  SubTransactionId subxact;     // the subtransaction that holds it
+  IdentityLock lock;
+  // An unwritten claim (row != nullptr): its identity and row, in TopTransactionContext.
+  Identity id;
   KeyRow* row;
-  IdentityLock lock;            // held
+  SubTransactionId written_in;  // InvalidSubTransactionId until a finish writes its row
 };
-static UnwrittenClaim unwritten[kMaxUnwrittenClaims];
+// The unwritten claims, and at most one lock of a call in progress.
+constexpr int kMaxHeldLocks = kMaxUnwrittenClaims + 1;
+static HeldLock held[kMaxHeldLocks];
+static int held_count;
 static int unwritten_count;
 
 static int64 open_claims;
@@ -84,41 +92,72 @@ static bool same_identity(const Identity& a, const Identity& b) {
          same_bytes(a.key, b.key);
 }
 
+bool hold_identity_lock(const IdentityLock& lock, TimestampTz deadline) {
+  if (held_count == kMaxHeldLocks) elog(ERROR, "too many idempotency identity locks held");
+  if (!lock_identity(lock, deadline)) return false;
+  held[held_count++] = HeldLock{GetCurrentSubTransactionId(), lock, {}, nullptr,
+                                InvalidSubTransactionId};
+  return true;
+}
+
+static bool same_lock(const IdentityLock& a, const IdentityLock& b) {
+  return memcmp(&a.tag, &b.tag, sizeof(LOCKTAG)) == 0;
+}
+
+static void drop_held(int i) {
+  unlock_identity(held[i].lock);
+  if (held[i].row != nullptr) unwritten_count--;
+  held[i] = held[--held_count];
+}
+
+void release_identity_lock(const IdentityLock& lock) {
+  for (int i = held_count - 1; i >= 0; i--)
+    if (held[i].row == nullptr && same_lock(held[i].lock, lock)) return drop_held(i);
+}
+
 bool can_leave_claim_unwritten() { return unwritten_count < kMaxUnwrittenClaims; }
 
 void remember_unwritten_claim(KeyStore* store, const Identity& id, const KeyRow& row,
-                              const IdentityLock& held) {
+                              const IdentityLock& lock) {
   KeyRow* kept = store_copy_row(store, row, TopTransactionContext);
-  unwritten[unwritten_count++] =
-      UnwrittenClaim{GetCurrentSubTransactionId(), InvalidSubTransactionId,
-                     Identity{id.role, DatumGetTextPP(kept->get(kScope)),
-                              reinterpret_cast<struct varlena*>(DatumGetPointer(kept->get(kKey)))},
-                     kept, held};
+  for (int i = held_count - 1; i >= 0; i--) {
+    HeldLock& entry = held[i];
+    if (entry.row != nullptr || !same_lock(entry.lock, lock)) continue;
+    entry.id = Identity{id.role, DatumGetTextPP(kept->get(kScope)),
+                        reinterpret_cast<struct varlena*>(DatumGetPointer(kept->get(kKey)))};
+    entry.row = kept;
+    unwritten_count++;
+    return;
+  }
+  elog(ERROR, "an unwritten idempotency claim must hold its identity lock");
 }
 
 static int find_unwritten(const Identity& id) {
-  for (int i = 0; i < unwritten_count; i++)
-    if (unwritten[i].written_in == InvalidSubTransactionId && same_identity(unwritten[i].id, id))
+  for (int i = 0; i < held_count; i++)
+    if (held[i].row != nullptr && held[i].written_in == InvalidSubTransactionId &&
+        same_identity(held[i].id, id))
       return i;
   return -1;
 }
 
 const KeyRow* unwritten_claim(const Identity& id) {
   int i = find_unwritten(id);
-  return i < 0 ? nullptr : unwritten[i].row;
+  return i < 0 ? nullptr : held[i].row;
 }
 
-static void drop_unwritten(int i) { unwritten[i] = unwritten[--unwritten_count]; }
+// Written in the subtransaction that made the claim, the row can only be undone
+// together with the claim: the lock has done its work and its slot is free again.
+// Written deeper, a rollback to a savepoint between them makes the claim unwritten
+// again, so the lock stays until that savepoint is released into the claim's level.
+static void drop_if_written_at_its_level(int i) {
+  if (held[i].row != nullptr && held[i].written_in == held[i].subxact) drop_held(i);
+}
 
 void note_unwritten_claim_written(const Identity& id) {
   int i = find_unwritten(id);
   if (i < 0) return;
-  if (GetCurrentTransactionNestLevel() > 1) {
-    unwritten[i].written_in = GetCurrentSubTransactionId();
-    return;
-  }
-  unlock_identity(unwritten[i].lock);
-  drop_unwritten(i);
+  held[i].written_in = GetCurrentSubTransactionId();
+  drop_if_written_at_its_level(i);
 }
 
 bool made_lease_claim(const Identity& id) {
@@ -127,13 +166,18 @@ bool made_lease_claim(const Identity& id) {
   return false;
 }
 
+bool claimed_here(const Probe& probe, const Identity& id) {
+  return probe.written_here && probe.view.state == KeyState::kPending &&
+         (!probe.view.lease_expires_at || made_lease_claim(id));
+}
+
 static void forget_claims() {
   claims = nullptr;  // freed with TopTransactionContext
   claim_count = claim_capacity = 0;
   saved_open_claims = nullptr;
   saved_count = saved_capacity = 0;
   open_claims = 0;
-  unwritten_count = 0;  // the transaction's end releases the identity locks
+  held_count = unwritten_count = 0;  // the transaction's end releases the identity locks
 }
 
 static void raise_not_finished(const Identity& id) pg_attribute_noreturn();
@@ -149,16 +193,16 @@ static void raise_not_finished(const Identity& id) {
 
 static void check_claims_finished() {
   if (claim_count == 0 || open_claims == 0) return;
-  for (int i = 0; i < unwritten_count; i++)
-    if (unwritten[i].written_in == InvalidSubTransactionId) raise_not_finished(unwritten[i].id);
+  for (int i = 0; i < held_count; i++)
+    if (held[i].row != nullptr && held[i].written_in == InvalidSubTransactionId)
+      raise_not_finished(held[i].id);
   KeyStore store;
   store_open(&store, false);
   for (int i = 0; i < claim_count; i++) {
     Probe probe;
     // A dirty read sees this transaction's latest writes whatever the command id.
     store_probe(&store, claims[i].id, nullptr, &probe);
-    if (probe.found && probe.view.state == KeyState::kPending &&
-        probe.view.claimed_by_this_transaction && !probe.view.lease_expires_at)
+    if (probe.found && claimed_here(probe, claims[i].id) && !probe.view.lease_expires_at)
       raise_not_finished(claims[i].id);
   }
   store_close(&store);
@@ -191,21 +235,22 @@ static void on_subtransaction_event(SubXactEvent event, SubTransactionId mine,
     saved_count--;
     if (event == SUBXACT_EVENT_ABORT_SUB) open_claims = saved_open_claims[saved_count];
   }
-  // Unwritten claims: made in a rolled-back subtransaction, they are gone with their
-  // locks; written in one, they are unwritten again.
+  // Locks taken in a rolled-back subtransaction go with it (unwritten claims made
+  // there too); claims written in one are unwritten again. A committed one hands its
+  // locks to its parent.
   bool abort = event == SUBXACT_EVENT_ABORT_SUB;
-  for (int i = unwritten_count - 1; i >= 0; i--) {
-    UnwrittenClaim& claim = unwritten[i];
-    if (claim.subxact >= mine) {
+  for (int i = held_count - 1; i >= 0; i--) {
+    HeldLock& entry = held[i];
+    if (entry.written_in != InvalidSubTransactionId && entry.written_in >= mine)
+      entry.written_in = abort ? InvalidSubTransactionId : parent;
+    if (entry.subxact >= mine) {
       if (abort) {
-        unlock_identity(claim.lock);
-        drop_unwritten(i);
+        drop_held(i);
         continue;
       }
-      claim.subxact = parent;
+      entry.subxact = parent;
     }
-    if (claim.written_in != InvalidSubTransactionId && claim.written_in >= mine)
-      claim.written_in = abort ? InvalidSubTransactionId : parent;
+    if (!abort) drop_if_written_at_its_level(i);
   }
   while (claim_count > 0 && claims[claim_count - 1].subxact >= mine) {
     if (event == SUBXACT_EVENT_ABORT_SUB) {

@@ -46,6 +46,20 @@ TEST(Sha256, FingerprintOfCanonicalJson) {
 //   printf 'order-123\0email' | sha256sum | cut -c1-32
 //   printf '\0' | sha256sum | cut -c1-32
 //   printf 'k\0caf\xc3\xa9' | sha256sum | cut -c1-32
+// RFC 4231, test cases 1, 2 and 6 (a key longer than a block is refused instead).
+TEST(HmacSha256, Rfc4231Vectors) {
+  EXPECT_EQ(hex(hmac_sha256(std::string(20, '\x0b'), {"Hi There"})),
+            "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  EXPECT_EQ(hex(hmac_sha256("Jefe", {"what do ya want ", "for nothing?"})),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  EXPECT_THROW(hmac_sha256(std::string(131, '\xaa'), {"x"}), std::invalid_argument);
+}
+
+TEST(HmacSha256, DependsOnTheKey) {
+  EXPECT_NE(hmac_sha256("secret one", {"role", "scope", "key"}),
+            hmac_sha256("secret two", {"role", "scope", "key"}));
+}
+
 TEST(DeriveKey, FirstHalfOfSha256OfRootNulStepInLowercaseHex) {
   EXPECT_EQ(derive_key("order-123", "charge"), "75242136693925dd4ac6c8bfd386a9fb");
   EXPECT_EQ(derive_key("order-123", "email"), "5ac6ec6167d3c9c08dc2ee6466ef8df8");
