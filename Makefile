@@ -3,22 +3,28 @@ EXTENSION = idempotency
 MODULE_big = idempotency
 DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql
 
-CORE_OBJS = src/core/key.o src/core/canonical_json.o src/core/sha256.o src/core/decision.o
-PG_OBJS = src/pg/errors.o src/pg/module.o src/pg/guc.o src/pg/key_type.o src/pg/hashing.o \
-          src/pg/store.o src/pg/identity_lock.o src/pg/xact.o src/pg/worker.o src/pg/sql_api.o src/pg/monitor.o
+CORE_OBJS = src/core/key.o src/core/canonical_json.o src/core/sha256.o src/core/key_state.o
+PG_OBJS = src/pg/errors.o src/pg/module.o src/pg/guc.o src/pg/shmem.o src/pg/key_type.o \
+          src/pg/key_row.o src/pg/waits.o src/pg/store.o src/pg/identity_lock.o src/pg/xact.o \
+          src/pg/driver.o src/pg/arguments.o src/pg/api_claim.o src/pg/api_finish.o \
+          src/pg/api_read.o src/pg/api_fingerprint.o src/pg/api_monitor.o src/pg/api_reap.o \
+          src/pg/reaper_pass.o src/pg/worker.o
 OBJS = $(CORE_OBJS) $(PG_OBJS)
 
 PG_CPPFLAGS = -Isrc
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-register
 SHLIB_LINK = -lstdc++ -lcrypto
 
-EXTRA_CLEAN = $(EXTENSION)-*.tar.gz
+EXTRA_CLEAN = $(EXTENSION)-*.tar.gz tmp_check_regress tmp_check_iso
 
 REGRESS = key_type claim unwritten finish lease abandoned fingerprint identity lock_secret bad_input hostile layout settings reaper
-REGRESS_OPTS = --inputdir=.
+# Each runs against a temporary instance of its own (as postgres, not root), with
+# the settings the tests need: `make installcheck` needs no running server.
+REGRESS_OPTS = --inputdir=. --temp-instance=tmp_check_regress --temp-config=test/regress.conf
 
 ISOLATION = claim_wait finish_wait once_race isolation_levels opposite_order lease_takeover reaper_wait
-ISOLATION_OPTS = --inputdir=test/isolation --outputdir=output_iso
+ISOLATION_OPTS = --inputdir=test/isolation --outputdir=output_iso \
+                 --temp-instance=tmp_check_iso --temp-config=test/regress.conf
 
 TAP_TESTS = 1
 PROVE_TESTS = test/t/*.pl
@@ -44,3 +50,19 @@ DISTNAME = $(EXTENSION)-$(EXT_VERSION)
 dist:
 	worktree=$$(git -c user.name=make-dist -c user.email=make-dist@localhost stash create) && \
 	  git archive --format=tar.gz --prefix=$(DISTNAME)/ -o $(DISTNAME).tar.gz $${worktree:-HEAD}
+
+# The developer loop: clang-format (.clang-format) and clang-tidy (.clang-tidy), over
+# the C++ of both halves. `make lint` records the compiler's commands with bear, so
+# compile_commands.json covers src/pg (with PostgreSQL's headers) as well as src/core.
+CXX_SOURCES = $(wildcard src/core/*.cpp src/pg/*.cpp)
+CXX_FILES = $(CXX_SOURCES) $(wildcard src/core/*.hpp src/pg/*.hpp test/unit/*.cpp test/fuzz/*.cpp)
+
+.PHONY: format format-check lint
+format:
+	clang-format -i $(CXX_FILES)
+format-check:
+	clang-format --dry-run --Werror $(CXX_FILES)
+compile_commands.json: $(CXX_SOURCES)
+	bear --output $@ -- $(MAKE) -B $(OBJS) PG_CONFIG=$(PG_CONFIG)
+lint: compile_commands.json
+	clang-tidy -p . --quiet $(CXX_SOURCES)

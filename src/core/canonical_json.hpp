@@ -23,7 +23,7 @@ constexpr std::size_t kMaxCanonicalGrowthBytes = 10000000;
 // `\` and characters below U+0020 escaped, everything else raw UTF-8; numbers in
 // plain decimal without exponent, `+`, leading or trailing zeros, every zero `0`.
 //
-// Throws std::invalid_argument for text that is not JSON, for invalid UTF-8 (a lone
+// Throws Error (22023) for text that is not JSON, for invalid UTF-8 (a lone
 // surrogate escape included), and past the two limits above.
 //
 // Nesting depth is bounded by memory only: the parser keeps its own stack and never

@@ -35,7 +35,7 @@ Digest sha256(std::string_view bytes) { return digest_of({bytes}); }
 
 Digest hmac_sha256(std::string_view key, std::initializer_list<std::string_view> parts) {
   constexpr std::size_t kBlock = 64;
-  if (key.size() > kBlock) throw std::invalid_argument("HMAC key longer than a SHA-256 block");
+  if (key.size() > kBlock) throw std::length_error("HMAC key longer than a SHA-256 block");
   std::array<char, kBlock> inner{}, outer{};
   for (std::size_t i = 0; i < kBlock; i++) {
     unsigned char k = i < key.size() ? static_cast<unsigned char>(key[i]) : 0;

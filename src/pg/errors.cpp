@@ -3,7 +3,7 @@
 namespace idempotency {
 
 void raise_pending(const PendingError& error) {
-  ereport(ERROR, errcode(error.sqlstate), errmsg_internal("%s", error.message));
+  ereport(ERROR, errcode(error.sqlstate), errmsg("%s", error.message));
   pg_unreachable();
 }
 

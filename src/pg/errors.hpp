@@ -3,13 +3,15 @@
 // Glue code reports with ereport() directly and holds only plain data on its stack, so
 // a longjmp never skips a destructor. C++ code (src/core) reports with exceptions;
 // guarded() catches them, leaves the catch block, and only then calls ereport, so no
-// exception is ever live while PostgreSQL unwinds.
+// exception is ever live while PostgreSQL unwinds. Every entry point PostgreSQL calls
+// (SQL functions, worker mains, hooks, callbacks) runs inside guarded().
 #pragma once
 
 #include <exception>
 #include <new>
 #include <stdexcept>
 
+#include "core/error.hpp"
 #include "pg/postgres.hpp"
 
 extern "C" {
@@ -32,14 +34,18 @@ struct PendingError {
 
 void raise_pending(const PendingError& error) pg_attribute_noreturn();
 
-// Runs fn(fcinfo); turns a C++ exception escaping it into an ERROR with a SQLSTATE:
-// std::invalid_argument is bad input (22023), std::bad_alloc is out of memory (53200),
-// anything else is an internal error (XX000).
+// Runs fn(); turns a C++ exception escaping it into an ERROR with a SQLSTATE: an
+// Error carries its own, std::invalid_argument is bad input (22023), std::bad_alloc
+// is out of memory (53200), anything else an internal error (XX000).
 template <typename Fn>
-Datum guarded(FunctionCallInfo fcinfo, Fn fn) {
+auto guarded(Fn fn) -> decltype(fn()) {
   PendingError error;
   try {
-    return fn(fcinfo);
+    return fn();
+  } catch (const Error& e) {
+    const char* s = e.sqlstate();
+    error.sqlstate = MAKE_SQLSTATE(s[0], s[1], s[2], s[3], s[4]);
+    strlcpy(error.message, e.what(), sizeof(error.message));
   } catch (const std::invalid_argument& e) {
     error.sqlstate = ERRCODE_INVALID_PARAMETER_VALUE;
     strlcpy(error.message, e.what(), sizeof(error.message));
@@ -59,8 +65,10 @@ Datum guarded(FunctionCallInfo fcinfo, Fn fn) {
 }  // namespace idempotency
 
 // Declares the C entry point `name` for SQL and runs `impl` inside the boundary.
-#define IDEM_SQL_FUNCTION(name, impl)                                         \
-  extern "C" {                                                                \
-  PG_FUNCTION_INFO_V1(name);                                                  \
-  Datum name(PG_FUNCTION_ARGS) { return idempotency::guarded(fcinfo, impl); } \
+#define IDEM_SQL_FUNCTION(name, impl)                                                    \
+  extern "C" {                                                                           \
+  PG_FUNCTION_INFO_V1(name);                                                             \
+  Datum name(PG_FUNCTION_ARGS) {                                                         \
+    return idempotency::guarded([fcinfo] { return impl(fcinfo); });                      \
+  }                                                                                      \
   }

@@ -1,13 +1,11 @@
 #include "pg/identity_lock.hpp"
 
 #include "core/sha256.hpp"
+#include "pg/waits.hpp"
 
 extern "C" {
 #include "common/hashfn.h"
 #include "miscadmin.h"
-#include "storage/ipc.h"
-#include "storage/lwlock.h"
-#include "storage/shmem.h"
 #include "utils/resowner.h"
 }
 
@@ -20,8 +18,6 @@ constexpr uint16 kIdentityLockSpace = 3;
 constexpr uint32 kInsertSlots = 4096;
 
 static pg_atomic_uint64* insert_counts;
-static shmem_request_hook_type previous_shmem_request;
-static shmem_startup_hook_type previous_shmem_startup;
 
 static std::string_view bytes_of(const struct varlena* value) {
   return std::string_view(VARDATA_ANY(value), VARSIZE_ANY_EXHDR(value));
@@ -43,8 +39,8 @@ static uint64 identity_hash(const Identity& id, const LockSecret& secret) {
   return hash;
 }
 
-// A database whose extension is still at 1.0 has no secret: the unkeyed hash of 1.0,
-// until ALTER EXTENSION idempotency UPDATE.
+// The unkeyed hash of 1.0: the lock of a database still at 1.0 (no secret, until
+// ALTER EXTENSION idempotency UPDATE), and the slot of the insert counts.
 static uint64 unkeyed_identity_hash(const Identity& id) {
   auto hash_text = [](std::string_view value, uint64 seed) {
     return hash_bytes_extended(reinterpret_cast<const unsigned char*>(value.data()), value.size(),
@@ -59,13 +55,12 @@ IdentityLock identity_lock(const Identity& id, const LockSecret& secret) {
   IdentityLock lock;
   SET_LOCKTAG_ADVISORY(lock.tag, MyDatabaseId, static_cast<uint32>(hash >> 32),
                        static_cast<uint32>(hash), kIdentityLockSpace);
-  lock.inserts = insert_counts == nullptr ? nullptr : &insert_counts[hash % kInsertSlots];
   return lock;
 }
 
 // The transaction holds the lock, not the statement or subtransaction that took it,
-// so that a later statement can release it; xact.cpp releases the locks of claims a
-// rolled-back subtransaction made.
+// so that a later statement can release it; xact.cpp releases the locks that an
+// aborted subtransaction took.
 static bool acquire_or_release(const LOCKTAG& tag, bool acquire) {
   ResourceOwner statement_owner = CurrentResourceOwner;
   CurrentResourceOwner = TopTransactionResourceOwner;
@@ -84,45 +79,35 @@ bool lock_identity(const IdentityLock& lock, TimestampTz deadline) {
 
 void unlock_identity(const IdentityLock& lock) { acquire_or_release(lock.tag, false); }
 
-uint64 inserts_seen(const IdentityLock& lock) {
-  if (lock.inserts == nullptr) return 0;
-  uint64 seen = pg_atomic_read_u64(lock.inserts);
+InsertCount insert_count(const Identity& id) {
+  if (insert_counts == nullptr) return InsertCount{nullptr};
+  return InsertCount{&insert_counts[unkeyed_identity_hash(id) % kInsertSlots]};
+}
+
+uint64 inserts_seen(InsertCount count) {
+  if (count.counter == nullptr) return 0;
+  uint64 seen = pg_atomic_read_u64(count.counter);
   pg_read_barrier();  // before the probe's reads
   return seen;
 }
 
 // An insert counted after `before` was read happened under the lock while this
 // transaction waited for it, so the lock's handover orders it before this read.
-bool inserted_since(const IdentityLock& lock, uint64 before) {
-  return lock.inserts == nullptr || pg_atomic_read_u64(lock.inserts) != before;
+bool inserted_since(InsertCount count, uint64 before) {
+  return count.counter == nullptr || pg_atomic_read_u64(count.counter) != before;
 }
 
-void note_insert(const IdentityLock& lock) {
-  if (lock.inserts != nullptr) pg_atomic_fetch_add_u64(lock.inserts, 1);
+void note_insert(InsertCount count) {
+  if (count.counter != nullptr) pg_atomic_fetch_add_u64(count.counter, 1);
 }
 
-static void request_memory() {
-  if (previous_shmem_request) previous_shmem_request();
-  RequestAddinShmemSpace(kInsertSlots * sizeof(pg_atomic_uint64));
-}
+Size insert_counts_size() { return kInsertSlots * sizeof(pg_atomic_uint64); }
 
-static void start_memory() {
-  if (previous_shmem_startup) previous_shmem_startup();
-  LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-  bool found;
-  auto counts = static_cast<pg_atomic_uint64*>(ShmemInitStruct(
-      "idempotency identity locks", kInsertSlots * sizeof(pg_atomic_uint64), &found));
-  if (!found)
+void attach_insert_counts(void* memory, bool initialize) {
+  auto counts = static_cast<pg_atomic_uint64*>(memory);
+  if (initialize)
     for (uint32 i = 0; i < kInsertSlots; i++) pg_atomic_init_u64(&counts[i], 0);
   insert_counts = counts;
-  LWLockRelease(AddinShmemInitLock);
-}
-
-void request_identity_lock_memory() {
-  previous_shmem_request = shmem_request_hook;
-  shmem_request_hook = request_memory;
-  previous_shmem_startup = shmem_startup_hook;
-  shmem_startup_hook = start_memory;
 }
 
 }  // namespace idempotency

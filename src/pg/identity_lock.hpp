@@ -4,6 +4,7 @@
 // written, instead of writing a pending row first.
 #pragma once
 
+#include "pg/key_row.hpp"
 #include "pg/store.hpp"
 
 extern "C" {
@@ -14,27 +15,33 @@ extern "C" {
 namespace idempotency {
 
 struct IdentityLock {
-  LOCKTAG tag;                // an advisory lock tag of its own kind
-  pg_atomic_uint64* inserts;  // rows inserted under locks of this slot; null unless preloaded
+  LOCKTAG tag;  // an advisory lock tag of its own kind (objsubid 3)
 };
 
 // The lock of `id`, its tag a hash keyed with the store's secret (store_lock_secret).
 IdentityLock identity_lock(const Identity& id, const LockSecret& secret);
 
 // Taken without queueing, polled until `deadline` (false if it passes), like every
-// wait here. The transaction holds it until released or the transaction ends.
+// wait here. The transaction holds it until released or the transaction ends; take
+// it through xact.hpp's hold_identity_lock, which records it.
 bool lock_identity(const IdentityLock& lock, TimestampTz deadline);
 void unlock_identity(const IdentityLock& lock);
 
-// A probe that found no row needs repeating once the lock is held, unless no row was
-// inserted under the lock (or one sharing its slot) since before the probe. `before`
-// is inserts_seen() read before the probe; true when that is not known.
-uint64 inserts_seen(const IdentityLock& lock);
-bool inserted_since(const IdentityLock& lock, uint64 before);
-// Called after inserting a row while holding the lock.
-void note_insert(const IdentityLock& lock);
+// Rows inserted under identity locks, counted per slot in shared memory (when
+// preloaded). A probe that found no row needs repeating once the lock is held, unless
+// no row was inserted under a lock of its slot since before the probe.
+struct InsertCount {
+  pg_atomic_uint64* counter;  // null unless preloaded: then always look again
+};
+// The slot of `id`, by an unkeyed hash: a crafted collision only costs a second look.
+InsertCount insert_count(const Identity& id);
+uint64 inserts_seen(InsertCount count);  // read before the probe
+bool inserted_since(InsertCount count, uint64 before);
+// Called after inserting a row while holding the identity's lock.
+void note_insert(InsertCount count);
 
-// Shared memory for the insert counts, when the library is preloaded.
-void request_identity_lock_memory();
+// Shared memory of the insert counts, for shmem.cpp.
+Size insert_counts_size();
+void attach_insert_counts(void* memory, bool initialize);
 
 }  // namespace idempotency

@@ -1,6 +1,7 @@
 // Module entry: settings, transaction callbacks and, when preloaded, the reaper.
+#include "pg/errors.hpp"
 #include "pg/guc.hpp"
-#include "pg/identity_lock.hpp"
+#include "pg/shmem.hpp"
 #include "pg/worker.hpp"
 #include "pg/xact.hpp"
 
@@ -10,13 +11,15 @@ extern "C" {
 PG_MODULE_MAGIC;
 
 void _PG_init(void) {
-  idempotency::define_settings();
-  idempotency::install_transaction_callbacks();
-  // The reaper and the identity locks' insert counts need shared memory, which only
-  // a preloaded library can have.
-  if (process_shared_preload_libraries_in_progress) {
-    idempotency::request_identity_lock_memory();
-    idempotency::register_background_worker();
-  }
+  idempotency::guarded([] {
+    idempotency::define_settings();
+    idempotency::install_transaction_callbacks();
+    // The reaper and the identity locks' insert counts need shared memory, which only
+    // a preloaded library can have.
+    if (process_shared_preload_libraries_in_progress) {
+      idempotency::install_shared_memory_hooks();
+      idempotency::register_background_worker();
+    }
+  });
 }
 }

@@ -60,21 +60,6 @@ static void forget_oids(Datum, Oid relid) {
   }
 }
 
-// The columns of idempotency.keys this library reads and writes, by position.
-struct ExpectedColumn {
-  const char* name;
-  Oid type;  // InvalidOid: the extension's own idem_key
-};
-static const ExpectedColumn kExpectedColumns[kKeysColumns] = {
-    {"role", REGROLEOID},           {"attempt", INT4OID},
-    {"first_claimed_at", TIMESTAMPTZOID}, {"expires_at", TIMESTAMPTZOID},
-    {"reap_slot", INT2OID},         {"scope", TEXTOID},
-    {"key", InvalidOid},            {"fingerprint", BYTEAOID},
-    {"lease", INTERVALOID},         {"checkpoint", TEXTOID},
-    {"checkpoint_data", JSONBOID},  {"lease_expires_at", TIMESTAMPTZOID},
-    {"state", CHAROID},             {"response", JSONBOID},
-};
-
 // A library must never write columns it does not know (an older library against a
 // newer schema): refuse unless the table has exactly the expected columns.
 static void check_layout(Oid heap) {
@@ -88,7 +73,7 @@ static void check_layout(Oid heap) {
       break;
     }
     Form_pg_attribute att = TupleDescAttr(desc, i);
-    const ExpectedColumn& want = kExpectedColumns[i];
+    const KeyColumn& want = kKeyColumns[i];
     if (att->attisdropped) {
       problem = psprintf("Column %d was dropped; this library expects \"%s\".", i + 1, want.name);
       break;
@@ -209,29 +194,39 @@ static void init_identity_scankeys(const Identity& id, ScanKeyData keys[3]) {
 }
 
 static void copy_row(TupleTableSlot* slot, KeyRow* row) {
-  TupleDesc desc = slot->tts_tupleDescriptor;
   slot_getallattrs(slot);
   for (int i = 0; i < kKeysColumns; i++) {
     row->isnull[i] = slot->tts_isnull[i];
-    Form_pg_attribute att = TupleDescAttr(desc, i);
-    row->values[i] =
-        row->isnull[i] ? 0 : datumCopy(slot->tts_values[i], att->attbyval, att->attlen);
+    row->values[i] = row->isnull[i] ? 0
+                                    : datumCopy(slot->tts_values[i], kKeyColumns[i].byval,
+                                                kKeyColumns[i].length);
   }
 }
 
-static void fill_view(const KeyRow& row, StoredRow* view) {
-  if (!parse_state(DatumGetChar(row.get(kState)), &view->state))
-    ereport(ERROR, errcode(ERRCODE_DATA_CORRUPTED),
-            errmsg("idempotency.keys holds a row with an unknown state \"%c\"",
-                   DatumGetChar(row.get(kState))));
-  view->attempt = DatumGetInt32(row.get(kAttempt));
-  view->expires_at = DatumGetTimestampTz(row.get(kExpiresAt));
-  if (!row.null(kLeaseExpiresAt))
-    view->lease_expires_at = DatumGetTimestampTz(row.get(kLeaseExpiresAt));
-  if (!row.null(kFingerprint)) {
-    bytea* fp = DatumGetByteaPP(row.get(kFingerprint));
-    view->fingerprint = std::string_view(VARDATA_ANY(fp), VARSIZE_ANY_EXHDR(fp));
+// Visits each row of `scan`, a copy of it alive only while it is visited: a pass over
+// a large backlog (idem_reap with no limit) must not hold every row it read.
+template <typename Next, typename Seen>
+static int64 visit_rows(KeyStore* store, Next next, int64 max_rows, RowVisitor visit,
+                        void* context, Seen seen) {
+  MemoryContext row_context =
+      AllocSetContextCreate(CurrentMemoryContext, "idempotency scan row", ALLOCSET_SMALL_SIZES);
+  int64 counted = 0;
+  while (counted < max_rows && next(store->read_slot)) {
+    MemoryContext caller = MemoryContextSwitchTo(row_context);
+    KeyRow row;
+    StoredRow view;
+    ItemPointerData tid = store->read_slot->tts_tid;
+    copy_row(store->read_slot, &row);
+    read_row(row, &view);
+    seen(view);
+    if (visit(store, &row, view, &tid, context)) counted++;
+    MemoryContextSwitchTo(caller);
+    MemoryContextReset(row_context);
+    CHECK_FOR_INTERRUPTS();
   }
+  MemoryContextDelete(row_context);
+  ExecClearTuple(store->read_slot);
+  return counted;
 }
 
 // How one row version looks to a dirty snapshot, judged under its buffer's lock as
@@ -324,12 +319,10 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
       probe->found = true;
       probe->tid = slot->tts_tid;
       probe->writer = writer;
-      probe->view = StoredRow{};
-      probe->view.written_by_other_in_progress = TransactionIdIsValid(writer);
       probe->written_here = TransactionIdIsCurrentTransactionId(xmin);
       // As ON CONFLICT does: acting on a row the transaction snapshot cannot see
       // would break REPEATABLE READ.
-      if (dirty_read && !probe->view.written_by_other_in_progress && !probe->written_here &&
+      if (dirty_read && !TransactionIdIsValid(writer) && !probe->written_here &&
           IsolationUsesXactSnapshot() &&
           !table_tuple_satisfies_snapshot(store->heap, slot, GetTransactionSnapshot()))
         ereport(ERROR, errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
@@ -337,7 +330,8 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
                 errdetail("Another transaction committed this idempotency key after this "
                           "transaction's snapshot was taken."));
       copy_row(slot, &probe->row);
-      fill_view(probe->row, &probe->view);
+      read_row(probe->row, &probe->view);
+      probe->view.written_by_other_in_progress = TransactionIdIsValid(writer);
     }
     // Only a version some other transaction is changing can have a successor.
     if (!TransactionIdIsValid(writer) || being_inserted) break;
@@ -391,24 +385,6 @@ bool store_insert(KeyStore* store, KeyRow* row) {
   return !conflict;
 }
 
-KeyRow* store_copy_row(KeyStore* store, const KeyRow& row, MemoryContext context) {
-  MemoryContext old = MemoryContextSwitchTo(context);
-  KeyRow* copy = static_cast<KeyRow*>(palloc(sizeof(KeyRow)));
-  TupleDesc desc = RelationGetDescr(store->heap);
-  for (int i = 0; i < kKeysColumns; i++) {
-    Form_pg_attribute att = TupleDescAttr(desc, i);
-    copy->isnull[i] = row.isnull[i];
-    copy->values[i] = row.isnull[i] ? 0 : datumCopy(row.values[i], att->attbyval, att->attlen);
-  }
-  MemoryContextSwitchTo(old);
-  return copy;
-}
-
-void store_view_row(const KeyRow& row, StoredRow* view) {
-  *view = StoredRow{};
-  fill_view(row, view);
-}
-
 static WriteResult write_result(TM_Result result, const TM_FailureData& failure,
                                 TransactionId* writer) {
   switch (result) {
@@ -453,184 +429,113 @@ WriteResult store_delete(KeyStore* store, ItemPointer tid, TransactionId* writer
   return write_result(result, failure, writer);
 }
 
-constexpr int16 kReapSlots = 16;
-
-int16 reap_slot(const Identity& id) {
-  return hash_bytes(reinterpret_cast<const unsigned char*>(VARDATA_ANY(id.key)),
-                    VARSIZE_ANY_EXHDR(id.key)) %
-         kReapSlots;
+static auto next_in(IndexScanDesc scan) {
+  return [scan](TupleTableSlot* slot) {
+    return index_getnext_slot(scan, ForwardScanDirection, slot);
+  };
 }
 
-// Scans `index_oid` for entries from `from` to `bound` in its timestamp column (after
-// a first column equal to `prefix`, if given) and calls act(row, view, tid) on each;
-// act returns whether the row counts (it changed it, or it matched). Stops after
-// max_rows of those.
-template <typename Act>
-static int64 scan_up_to(KeyStore* store, Oid index_oid, LOCKMODE mode, Snapshot snapshot,
-                        std::optional<int16> prefix, TimestampTz from, TimestampTz bound,
-                        int64 max_rows, Act act) {
-  Relation index = index_open(index_oid, mode);
+int64 store_scan_table(KeyStore* store, Snapshot snapshot, RowVisitor visit, void* context) {
+  TableScanDesc scan = table_beginscan(store->heap, snapshot, 0, nullptr);
+  int64 counted = visit_rows(
+      store,
+      [scan](TupleTableSlot* slot) {
+        return table_scan_getnextslot(scan, ForwardScanDirection, slot);
+      },
+      PG_INT64_MAX, visit, context, [](const StoredRow&) {});
+  table_endscan(scan);
+  return counted;
+}
+
+// Scans `index` for entries up to `bound` in its timestamp column (from `*from` on,
+// after a first column equal to `prefix`, if given) and visits each row; stops after
+// max_rows rows the visitor counted. `*from` follows the rows visited.
+static int64 scan_index_range(KeyStore* store, Relation index, Snapshot snapshot,
+                              std::optional<int16> prefix, TimestampTz* from, TimestampTz bound,
+                              int64 max_rows, RowVisitor visit, void* context) {
   ScanKeyData keys[3];
   int nkeys = 0;
   if (prefix)
     ScanKeyInit(&keys[nkeys++], 1, BTEqualStrategyNumber, F_INT2EQ, Int16GetDatum(*prefix));
   AttrNumber column = nkeys + 1;
-  if (from != DT_NOBEGIN)
+  if (*from != DT_NOBEGIN)
     ScanKeyInit(&keys[nkeys++], column, BTGreaterEqualStrategyNumber, F_TIMESTAMPTZ_GE,
-                TimestampTzGetDatum(from));
+                TimestampTzGetDatum(*from));
   ScanKeyInit(&keys[nkeys++], column, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE,
               TimestampTzGetDatum(bound));
   IndexScanDesc scan = index_beginscan(store->heap, index, snapshot, nkeys, 0);
   index_rescan(scan, keys, nkeys, nullptr, 0);
-  // Each row's copy lives only while it is acted on: a pass over a large backlog
-  // (idem_reap with no limit) must not hold every row it read.
-  MemoryContext row_context =
-      AllocSetContextCreate(CurrentMemoryContext, "idempotency scan row", ALLOCSET_SMALL_SIZES);
-  int64 changed = 0;
-  while (changed < max_rows && index_getnext_slot(scan, ForwardScanDirection, store->read_slot)) {
-    MemoryContext caller = MemoryContextSwitchTo(row_context);
-    KeyRow row;
-    StoredRow view;
-    ItemPointerData tid = store->read_slot->tts_tid;
-    store_read_slot(store->read_slot, &row, &view);
-    if (act(&row, view, &tid)) changed++;
-    MemoryContextSwitchTo(caller);
-    MemoryContextReset(row_context);
-    CHECK_FOR_INTERRUPTS();
-  }
-  MemoryContextDelete(row_context);
+  int64 counted = visit_rows(store, next_in(scan), max_rows, visit, context,
+                             [&](const StoredRow& view) { *from = view.expires_at; });
   index_endscan(scan);
-  index_close(index, NoLock);
-  ExecClearTuple(store->read_slot);
-  return changed;
+  return counted;
 }
 
-int64 store_reap_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows,
-                         ReapPosition* position) {
-  int64 deleted = 0;
+int64 store_scan_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows,
+                         ReapPosition* position, RowVisitor visit, void* context) {
+  Relation index = index_open(store_oids().expires_index, RowExclusiveLock);
+  int64 counted = 0;
   while (position->slot < kReapSlots) {
-    deleted += scan_up_to(store, store_oids().expires_index, RowExclusiveLock, snapshot,
-                          position->slot, position->from, now, max_rows - deleted,
-                          [&](KeyRow*, const StoredRow& view, ItemPointer tid) {
-                            position->from = view.expires_at;
-                            TransactionId writer;
-                            return !is_live(view, now) &&
-                                   store_delete(store, tid, &writer) == WriteResult::kDone;
-                          });
-    if (deleted >= max_rows) break;
+    counted += scan_index_range(store, index, snapshot, position->slot, &position->from, now,
+                                max_rows - counted, visit, context);
+    if (counted >= max_rows) break;
     *position = ReapPosition{static_cast<int16>(position->slot + 1), DT_NOBEGIN};
   }
-  return deleted;
+  index_close(index, NoLock);
+  return counted;
 }
 
-int64 store_abandon_stale(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows) {
-  return scan_up_to(store, store_oids().lease_index, RowExclusiveLock, snapshot, std::nullopt,
-                    DT_NOBEGIN, now, max_rows,
-                    [&](KeyRow* row, const StoredRow& view, ItemPointer tid) {
-                      if (view.state != KeyState::kPending) return false;
-                      row->set(kState, CharGetDatum(static_cast<char>(KeyState::kAbandoned)));
-                      row->clear(kLeaseExpiresAt);  // leaves the partial lease index
-                      TransactionId writer;
-                      return store_update(store, tid, row, &writer) == WriteResult::kDone;
-                    });
+int64 store_scan_lease_ends(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows,
+                            RowVisitor visit, void* context) {
+  Relation index = index_open(store_oids().lease_index, AccessShareLock);
+  TimestampTz from = DT_NOBEGIN;
+  int64 counted = scan_index_range(store, index, snapshot, std::nullopt, &from, now, max_rows,
+                                   visit, context);
+  index_close(index, NoLock);
+  return counted;
 }
 
-int64 store_count_stale_leases(KeyStore* store, Snapshot snapshot, TimestampTz now,
-                               int64 max_rows) {
-  return scan_up_to(store, store_oids().lease_index, AccessShareLock, snapshot, std::nullopt,
-                    DT_NOBEGIN, now, max_rows,
-                    [](KeyRow*, const StoredRow& view, ItemPointer) {
-                      return view.state == KeyState::kPending;
-                    });
-}
-
-// A loose scan of the primary key: one probe per role, and a delete run for each
-// role that no longer exists.
-int64 store_reap_dropped_roles(KeyStore* store, Snapshot snapshot, int64 max_rows) {
-  int64 deleted = 0;
-  Oid after = InvalidOid;
-  while (deleted < max_rows) {
-    ScanKeyData key;
-    ScanKeyInit(&key, 1, BTGreaterStrategyNumber, F_OIDGT, ObjectIdGetDatum(after));
-    IndexScanDesc scan = index_beginscan(store->heap, store->index, snapshot, 1, 0);
-    index_rescan(scan, &key, 1, nullptr, 0);
-    bool found = index_getnext_slot(scan, ForwardScanDirection, store->read_slot);
+// A loose scan of the primary key: one probe per role.
+Oid store_next_role(KeyStore* store, Snapshot snapshot, Oid after) {
+  ScanKeyData key;
+  ScanKeyInit(&key, 1, BTGreaterStrategyNumber, F_OIDGT, ObjectIdGetDatum(after));
+  IndexScanDesc scan = index_beginscan(store->heap, store->index, snapshot, 1, 0);
+  index_rescan(scan, &key, 1, nullptr, 0);
+  Oid role = InvalidOid;
+  if (index_getnext_slot(scan, ForwardScanDirection, store->read_slot)) {
     bool isnull;
-    Oid role =
-        found ? DatumGetObjectId(slot_getattr(store->read_slot, kRole, &isnull)) : InvalidOid;
-    index_endscan(scan);
-    if (!OidIsValid(role)) break;
-    after = role;
-    if (SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(role))) continue;
-    IndexScanDesc rows = store_begin_role_scan(store, role, snapshot);
-    while (deleted < max_rows && index_getnext_slot(rows, ForwardScanDirection, store->read_slot)) {
-      ItemPointerData tid = store->read_slot->tts_tid;
-      TransactionId writer;
-      if (store_delete(store, &tid, &writer) == WriteResult::kDone) deleted++;
-    }
-    index_endscan(rows);
+    role = DatumGetObjectId(slot_getattr(store->read_slot, kRole, &isnull));
   }
+  index_endscan(scan);
   ExecClearTuple(store->read_slot);
-  return deleted;
+  return role;
 }
 
-// Short transactions usually end within a millisecond, so the first sleeps are
-// short; the backoff caps at 5 ms.
-bool sleep_before_retry(long* sleep_us, TimestampTz deadline) {
-  TimestampTz now = GetCurrentTimestamp();
-  if (now >= deadline) return false;
-  long sleep = Min(*sleep_us, deadline - now);
-  if (sleep < 1000) {
-    pg_usleep(sleep);  // below WaitLatch's millisecond resolution
-  } else {
-    (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, sleep / 1000,
-                    PG_WAIT_EXTENSION);
-    ResetLatch(MyLatch);
-  }
-  CHECK_FOR_INTERRUPTS();
-  *sleep_us = Min(*sleep_us * 2, 5000);
-  return true;
-}
-
-bool wait_for_writer(TransactionId writer, TimestampTz deadline) {
-  long sleep_us = 50;
-  for (;;) {
-    if (TransactionIdIsValid(writer) && ConditionalXactLockTableWait(writer)) return true;
-    if (!sleep_before_retry(&sleep_us, deadline)) return false;
-    // Only a row lock without an updater leaves no xid to wait for: probe again.
-    if (!TransactionIdIsValid(writer)) return true;
-  }
-}
-
-void store_read_slot(TupleTableSlot* slot, KeyRow* row, StoredRow* view) {
-  copy_row(slot, row);
-  *view = StoredRow{};
-  fill_view(*row, view);
-}
-
-static IndexScanDesc begin_role_scan(KeyStore* store, Relation index, Oid role,
-                                     Snapshot snapshot) {
+static int64 scan_role(KeyStore* store, Relation index, Snapshot snapshot, Oid role,
+                       int64 max_rows, RowVisitor visit, void* context) {
   ScanKeyData key;
   ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(role));
   IndexScanDesc scan = index_beginscan(store->heap, index, snapshot, 1, 0);
   index_rescan(scan, &key, 1, nullptr, 0);
-  return scan;
-}
-
-IndexScanDesc store_begin_role_scan(KeyStore* store, Oid role, Snapshot snapshot) {
-  return begin_role_scan(store, store->index, role, snapshot);
-}
-
-IndexScanDesc store_begin_leased_scan(KeyStore* store, Oid role, Snapshot snapshot) {
-  Oid leased = store_oids().leased_index;
-  if (!OidIsValid(leased)) return nullptr;
-  return begin_role_scan(store, index_open(leased, AccessShareLock), role, snapshot);
-}
-
-void store_end_scan(KeyStore* store, IndexScanDesc scan) {
-  Relation index = scan->indexRelation;
+  int64 counted =
+      visit_rows(store, next_in(scan), max_rows, visit, context, [](const StoredRow&) {});
   index_endscan(scan);
-  if (index != store->index) index_close(index, NoLock);
+  return counted;
+}
+
+int64 store_scan_role(KeyStore* store, Snapshot snapshot, Oid role, int64 max_rows,
+                      RowVisitor visit, void* context) {
+  return scan_role(store, store->index, snapshot, role, max_rows, visit, context);
+}
+
+bool store_scan_leased(KeyStore* store, Snapshot snapshot, Oid role, int64 max_rows,
+                       RowVisitor visit, void* context) {
+  Oid leased = store_oids().leased_index;
+  if (!OidIsValid(leased)) return false;
+  Relation index = index_open(leased, AccessShareLock);
+  scan_role(store, index, snapshot, role, max_rows, visit, context);
+  index_close(index, NoLock);
+  return true;
 }
 
 }  // namespace idempotency

@@ -1,8 +1,10 @@
 // The key store: the only code that reads and writes idempotency.keys. It reads and
-// writes what it is told; the decisions are in src/core/decision.hpp.
+// writes what it is told and decides nothing: the decisions are in
+// src/core/key_state.hpp, asked by the driver (claims and finishes) and the reaper.
 #pragma once
 
-#include "core/decision.hpp"
+#include "core/key_state.hpp"
+#include "pg/key_row.hpp"
 #include "pg/postgres.hpp"
 
 extern "C" {
@@ -14,43 +16,6 @@ extern "C" {
 }
 
 namespace idempotency {
-
-// Attribute numbers of idempotency.keys, as the install script creates it.
-enum KeysColumn {
-  kRole = 1,
-  kAttempt,
-  kFirstClaimedAt,
-  kExpiresAt,
-  kReapSlot,
-  kScope,
-  kKey,
-  kFingerprint,
-  kLease,
-  kCheckpoint,
-  kCheckpointData,
-  kLeaseExpiresAt,
-  kState,
-  kResponse,
-};
-constexpr int kKeysColumns = kResponse;
-
-// (role, scope, key): who owns a key and what it is.
-struct Identity {
-  Oid role;
-  text* scope;
-  struct varlena* key;
-};
-
-// One row of idempotency.keys as plain datums, indexed by KeysColumn - 1.
-struct KeyRow {
-  Datum values[kKeysColumns];
-  bool isnull[kKeysColumns];
-
-  Datum get(KeysColumn c) const { return values[c - 1]; }
-  bool null(KeysColumn c) const { return isnull[c - 1]; }
-  void set(KeysColumn c, Datum d) { values[c - 1] = d, isnull[c - 1] = false; }
-  void clear(KeysColumn c) { values[c - 1] = 0, isnull[c - 1] = true; }
-};
 
 // The open table and index for one call. Executor state for writes is made lazily,
 // so a replay opens no more than the index it reads.
@@ -99,14 +64,6 @@ struct LockSecret {
 };
 LockSecret store_lock_secret();
 
-// The key's slot in the reaper's index (idempotency.keys.reap_slot).
-int16 reap_slot(const Identity& id);
-
-// A copy of `row` whose values live in `context`.
-KeyRow* store_copy_row(KeyStore* store, const KeyRow& row, MemoryContext context);
-// The row as the decision functions see it.
-void store_view_row(const KeyRow& row, StoredRow* view);
-
 // Outcome of an update or delete of a probed row.
 enum class WriteResult { kDone, kBusy, kChanged };
 
@@ -115,41 +72,36 @@ enum class WriteResult { kDone, kBusy, kChanged };
 WriteResult store_update(KeyStore* store, ItemPointer tid, KeyRow* row, TransactionId* writer);
 WriteResult store_delete(KeyStore* store, ItemPointer tid, TransactionId* writer);
 
-// Expiry, for the reaper and idem_reap: each scans with `snapshot`, acts on at
-// most max_rows rows, skips rows other transactions are writing, and returns how
-// many rows it changed.
-// Deletes rows whose dedup window has passed and that are not live (core is_live),
-// from `position` on, which it advances: the next batch of a pass then starts where
-// this one stopped, not again at index entries of rows already deleted (they stay
-// until vacuum, and while an older snapshot is open each costs a heap visit).
+// Scans for the reaper, idem_reap, idem_stats and idem_abandoned. Each visits rows
+// with `snapshot`, a copy of each row alive only during its visit, and stops after
+// max_rows rows the visitor counted (it returns true for those); it returns that count.
+using RowVisitor = bool (*)(KeyStore* store, KeyRow* row, const StoredRow& view,
+                            ItemPointer tid, void* context);
+
+// Every row, in table order (idem_stats on a small table).
+int64 store_scan_table(KeyStore* store, Snapshot snapshot, RowVisitor visit, void* context);
+// Rows whose dedup window has passed (the expiry index, expires_at <= now), from
+// `position` on, which it advances: the next batch of a pass then starts where this
+// one stopped, not again at index entries of rows already deleted (they stay until
+// vacuum, and while an older snapshot is open each costs a heap visit).
 struct ReapPosition {
-  int16 slot = 0;               // reap_slot
+  int16 slot = 0;                 // reap_slot
   TimestampTz from = DT_NOBEGIN;  // expires_at in that slot
 };
-int64 store_reap_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows,
-                         ReapPosition* position);
-// Marks pending claims whose lease ran out abandoned.
-int64 store_abandon_stale(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows);
-// Counts pending claims whose lease ran out (the reaper's next work), up to max_rows.
-int64 store_count_stale_leases(KeyStore* store, Snapshot snapshot, TimestampTz now,
-                               int64 max_rows);
-// Deletes the rows of roles that no longer exist.
-int64 store_reap_dropped_roles(KeyStore* store, Snapshot snapshot, int64 max_rows);
-
-// Polls until the transaction ends (true) or the deadline passes (false), without
-// joining a lock queue; query cancel and statement_timeout interrupt it.
-bool wait_for_writer(TransactionId writer, TimestampTz deadline);
-// One sleep of such a polled wait, backing off; false once `deadline` has passed.
-bool sleep_before_retry(long* sleep_us, TimestampTz deadline);
-
-// Every row of the table in index order for one role (the dropped-role sweep); read
-// each with index_getnext_slot into store->read_slot, then store_read_slot.
-IndexScanDesc store_begin_role_scan(KeyStore* store, Oid role, Snapshot snapshot);
-// The role's lease claims (pending, stale or abandoned), oldest first: idem_abandoned
-// reads these and not the role's other keys. Null in a database still at 1.0.
-IndexScanDesc store_begin_leased_scan(KeyStore* store, Oid role, Snapshot snapshot);
-// Ends either scan.
-void store_end_scan(KeyStore* store, IndexScanDesc scan);
-void store_read_slot(TupleTableSlot* slot, KeyRow* row, StoredRow* view);
+int64 store_scan_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows,
+                         ReapPosition* position, RowVisitor visit, void* context);
+// Lease claims whose lease ended by `now` (the lease index).
+int64 store_scan_lease_ends(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows,
+                            RowVisitor visit, void* context);
+// The first role after `after` that has keys, or InvalidOid (a loose scan of the
+// primary key: one probe per role).
+Oid store_next_role(KeyStore* store, Snapshot snapshot, Oid after);
+// Every row of one role, in primary key order.
+int64 store_scan_role(KeyStore* store, Snapshot snapshot, Oid role, int64 max_rows,
+                      RowVisitor visit, void* context);
+// The role's lease claims (pending, stale or abandoned), oldest first, through
+// keys_leased_idx; false (nothing visited) in a database still at 1.0, which lacks it.
+bool store_scan_leased(KeyStore* store, Snapshot snapshot, Oid role, int64 max_rows,
+                       RowVisitor visit, void* context);
 
 }  // namespace idempotency

@@ -11,7 +11,7 @@
 
 #include "pg/errors.hpp"
 #include "pg/guc.hpp"
-#include "pg/store.hpp"
+#include "pg/reaper_pass.hpp"
 
 extern "C" {
 #include "access/heapam.h"
@@ -59,8 +59,6 @@ struct SharedState {
 };
 
 static SharedState* shared;  // null unless the library was preloaded
-static shmem_request_hook_type previous_shmem_request;
-static shmem_startup_hook_type previous_shmem_startup;
 static ProcessUtility_hook_type previous_process_utility;
 
 // The entry for `database`, made if `create`; null if absent or the table is full.
@@ -81,21 +79,14 @@ static DatabaseState* database_entry(Oid database, bool create) {
 // Shared memory
 // ---------------------------------------------------------------------------
 
-static void request_shared_memory() {
-  if (previous_shmem_request) previous_shmem_request();
-  RequestAddinShmemSpace(sizeof(SharedState));
-}
+Size worker_state_size() { return sizeof(SharedState); }
 
-static void start_shared_memory() {
-  if (previous_shmem_startup) previous_shmem_startup();
-  LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
-  bool found;
-  shared = static_cast<SharedState*>(ShmemInitStruct("idempotency", sizeof(SharedState), &found));
-  if (!found) {
+void attach_worker_state(void* memory, bool initialize) {
+  shared = static_cast<SharedState*>(memory);
+  if (initialize) {
     memset(shared, 0, sizeof(SharedState));
     SpinLockInit(&shared->mutex);
   }
-  LWLockRelease(AddinShmemInitLock);
 }
 
 bool reaper_stats(ReaperStats* stats) {
@@ -139,12 +130,12 @@ static int64 sweep_once(Sweep sweep, int64 max_rows, ReapPosition* position) {
   int64 changed = 0;
   switch (sweep) {
     case Sweep::kExpired:
-      changed = store_reap_expired(&store, snapshot, now, max_rows, position);
+      changed = sweep_expired(&store, snapshot, now, max_rows, position);
       break;
     case Sweep::kDroppedRoles:
-      changed = store_reap_dropped_roles(&store, snapshot, max_rows);
+      changed = sweep_dropped_roles(&store, snapshot, max_rows);
       break;
-    case Sweep::kStale: changed = store_abandon_stale(&store, snapshot, now, max_rows); break;
+    case Sweep::kStale: changed = sweep_stale(&store, snapshot, now, max_rows); break;
   }
   UnregisterSnapshot(snapshot);
   store_close(&store);
@@ -432,10 +423,6 @@ static void process_utility(PlannedStmt* statement, const char* query, bool read
 }
 
 void register_background_worker() {
-  previous_shmem_request = shmem_request_hook;
-  shmem_request_hook = request_shared_memory;
-  previous_shmem_startup = shmem_startup_hook;
-  shmem_startup_hook = start_shared_memory;
   previous_process_utility = ProcessUtility_hook;
   ProcessUtility_hook = process_utility;
 

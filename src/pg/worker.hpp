@@ -15,6 +15,10 @@ namespace idempotency {
 // the launcher and the utility hook.
 void register_background_worker();
 
+// The launcher's and workers' shared state, for shmem.cpp.
+Size worker_state_size();
+void attach_worker_state(void* memory, bool initialize);
+
 // Shared figures for the current database; false without the preloaded library.
 struct ReaperStats {
   int64 reaped_total;

@@ -117,14 +117,12 @@ void release_identity_lock(const IdentityLock& lock) {
 
 bool can_leave_claim_unwritten() { return unwritten_count < kMaxUnwrittenClaims; }
 
-void remember_unwritten_claim(KeyStore* store, const Identity& id, const KeyRow& row,
-                              const IdentityLock& lock) {
-  KeyRow* kept = store_copy_row(store, row, TopTransactionContext);
+void remember_unwritten_claim(const Identity& id, const KeyRow& row, const IdentityLock& lock) {
+  KeyRow* kept = copy_row_into(row, TopTransactionContext);
   for (int i = held_count - 1; i >= 0; i--) {
     HeldLock& entry = held[i];
     if (entry.row != nullptr || !same_lock(entry.lock, lock)) continue;
-    entry.id = Identity{id.role, DatumGetTextPP(kept->get(kScope)),
-                        reinterpret_cast<struct varlena*>(DatumGetPointer(kept->get(kKey)))};
+    entry.id = row_identity(*kept);
     entry.row = kept;
     unwritten_count++;
     return;
@@ -264,8 +262,14 @@ static void on_subtransaction_event(SubXactEvent event, SubTransactionId mine,
 }
 
 void install_transaction_callbacks() {
-  RegisterXactCallback(on_transaction_event, nullptr);
-  RegisterSubXactCallback(on_subtransaction_event, nullptr);
+  RegisterXactCallback(
+      [](XactEvent event, void* arg) { guarded([&] { on_transaction_event(event, arg); }); },
+      nullptr);
+  RegisterSubXactCallback(
+      [](SubXactEvent event, SubTransactionId mine, SubTransactionId parent, void* arg) {
+        guarded([&] { on_subtransaction_event(event, mine, parent, arg); });
+      },
+      nullptr);
 }
 
 }  // namespace idempotency

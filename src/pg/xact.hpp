@@ -33,8 +33,8 @@ bool can_leave_claim_unwritten();
 // Remembers `row` (copied) as the unwritten row of this transaction's claim on `id`,
 // which keeps holding the identity lock `lock` (taken with hold_identity_lock);
 // remember_claim is called as for any claim.
-void remember_unwritten_claim(KeyStore* store, const Identity& id, const KeyRow& row,
-                              const struct IdentityLock& held);
+void remember_unwritten_claim(const Identity& id, const KeyRow& row,
+                              const struct IdentityLock& lock);
 // The row of this transaction's unwritten claim on `id`, or null.
 const KeyRow* unwritten_claim(const Identity& id);
 // Notes that a finish wrote (or, releasing it, dropped) the claim's row. In the

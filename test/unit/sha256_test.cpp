@@ -52,7 +52,7 @@ TEST(HmacSha256, Rfc4231Vectors) {
             "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
   EXPECT_EQ(hex(hmac_sha256("Jefe", {"what do ya want ", "for nothing?"})),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
-  EXPECT_THROW(hmac_sha256(std::string(131, '\xaa'), {"x"}), std::invalid_argument);
+  EXPECT_THROW(hmac_sha256(std::string(131, '\xaa'), {"x"}), std::length_error);
 }
 
 TEST(HmacSha256, DependsOnTheKey) {

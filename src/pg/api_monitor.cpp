@@ -1,6 +1,6 @@
-// idem_reap (one reaper pass by hand) and idem_stats (figures for monitoring).
+// idem_stats: figures for monitoring, quickly whatever the table's size.
 #include "pg/errors.hpp"
-#include "pg/store.hpp"
+#include "pg/reaper_pass.hpp"
 #include "pg/worker.hpp"
 
 extern "C" {
@@ -19,15 +19,6 @@ extern "C" {
 
 namespace idempotency {
 
-static Datum reap(FunctionCallInfo fcinfo) {
-  int64 max_rows = PG_ARGISNULL(0) ? PG_INT64_MAX : PG_GETARG_INT64(0);
-  if (max_rows < 0)
-    ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-            errmsg("max_rows must not be negative"));
-  PreventCommandIfReadOnly("idem_reap()");
-  PG_RETURN_INT64(reap_current_database(false, max_rows).deleted);
-}
-
 // Counts by state. Up to this many pages the table is read and the counts are
 // exact; beyond, they come from the planner's statistics (as fresh as the last
 // ANALYZE), so idem_stats answers quickly whatever the table's size.
@@ -40,28 +31,32 @@ struct StateCounts {
   double total, pending, completed, failed, abandoned, expired;
 };
 
-static StateCounts count_exactly(KeyStore* store) {
-  StateCounts counts{};
-  TimestampTz now = GetCurrentTimestamp();
-  TableScanDesc scan = table_beginscan(store->heap, GetActiveSnapshot(), 0, nullptr);
-  while (table_scan_getnextslot(scan, ForwardScanDirection, store->read_slot)) {
-    KeyRow row;
-    StoredRow view;
-    store_read_slot(store->read_slot, &row, &view);
-    counts.total++;
-    if (!is_live(view, now)) {
-      counts.expired++;
-      continue;
-    }
-    switch (view.state) {
-      case KeyState::kPending: counts.pending++; break;
-      case KeyState::kCompleted: counts.completed++; break;
-      case KeyState::kFailed: counts.failed++; break;
-      case KeyState::kAbandoned: counts.abandoned++; break;
-    }
+struct ExactCount {
+  StateCounts counts;
+  TimestampTz now;
+};
+
+static bool count_row(KeyStore*, KeyRow*, const StoredRow& view, ItemPointer, void* context) {
+  auto exact = static_cast<ExactCount*>(context);
+  StateCounts& counts = exact->counts;
+  counts.total++;
+  if (!is_live(view, exact->now)) {
+    counts.expired++;
+    return true;
   }
-  table_endscan(scan);
-  return counts;
+  switch (view.state) {
+    case KeyState::kPending: counts.pending++; break;
+    case KeyState::kCompleted: counts.completed++; break;
+    case KeyState::kFailed: counts.failed++; break;
+    case KeyState::kAbandoned: counts.abandoned++; break;
+  }
+  return true;
+}
+
+static StateCounts count_exactly(KeyStore* store) {
+  ExactCount exact{StateCounts{}, GetCurrentTimestamp()};
+  store_scan_table(store, GetActiveSnapshot(), count_row, &exact);
+  return exact.counts;
 }
 
 static StateCounts estimate(KeyStore* store) {
@@ -111,8 +106,8 @@ static Datum stats(FunctionCallInfo fcinfo) {
   StateCounts counts = RelationGetNumberOfBlocks(store.heap) <= kExactCountPages
                            ? count_exactly(&store)
                            : estimate(&store);
-  int64 stale_leases = store_count_stale_leases(&store, GetActiveSnapshot(), GetCurrentTimestamp(),
-                                                kStaleLeasesCountLimit);
+  int64 stale_leases =
+      count_stale(&store, GetActiveSnapshot(), GetCurrentTimestamp(), kStaleLeasesCountLimit);
   store_close(&store);
 
   ReaperStats reaper;
@@ -143,5 +138,4 @@ static Datum stats(FunctionCallInfo fcinfo) {
 
 using namespace idempotency;
 
-IDEM_SQL_FUNCTION(idem_reap, reap)
 IDEM_SQL_FUNCTION(idem_stats, stats)

@@ -5,7 +5,7 @@
 #include <optional>
 #include <string_view>
 
-#include "core/decision.hpp"
+#include "core/key_state.hpp"
 
 namespace idempotency {
 namespace {
@@ -311,6 +311,118 @@ TEST(KeyStates, NamesAndStoredCharacters) {
     EXPECT_FALSE(parse_state(stored, &untouched)) << stored;
     EXPECT_EQ(untouched, KeyState::kFailed);
   }
+}
+
+// Transitions ----------------------------------------------------------------
+
+constexpr Opaque kLease = 0x1000, kPoint = 0x2000, kData = 0x3000, kResponse = 0x4000;
+
+ClaimTerms in_transaction(std::optional<Fingerprint> fingerprint = std::nullopt) {
+  ClaimTerms terms;
+  terms.fingerprint = fingerprint;
+  terms.expires_at = kNow + 10 * kMinute;
+  return terms;
+}
+
+ClaimTerms leased(Micros lease_end) {
+  ClaimTerms terms = in_transaction();
+  terms.lease = kLease;
+  terms.lease_end = lease_end;
+  return terms;
+}
+
+TEST(ClaimFresh, PendingFirstAttemptOwnedByTheCaller) {
+  StoredRow row = claim_fresh(in_transaction(Fingerprint{"fp", 0x77}), kNow);
+  EXPECT_EQ(row.state, KeyState::kPending);
+  EXPECT_EQ(row.attempt, 1);
+  EXPECT_EQ(row.first_claimed_at, kNow);
+  EXPECT_EQ(row.expires_at, kNow + 10 * kMinute);
+  EXPECT_EQ(row.fingerprint, std::optional<std::string_view>("fp"));
+  EXPECT_EQ(row.fingerprint_value, 0x77u);
+  EXPECT_FALSE(row.lease_expires_at);
+  EXPECT_EQ(row.lease, 0u);
+  EXPECT_TRUE(row.claimed_by_this_transaction);
+  EXPECT_TRUE(is_own_open_claim(row));
+}
+
+TEST(ClaimFresh, ALeaseLongerThanTheWindowStretchesIt) {
+  StoredRow row = claim_fresh(leased(kNow + 20 * kMinute), kNow);
+  EXPECT_EQ(row.lease, kLease);
+  EXPECT_EQ(row.lease_expires_at, std::optional<Micros>(kNow + 20 * kMinute));
+  EXPECT_EQ(row.expires_at, kNow + 20 * kMinute);
+  EXPECT_FALSE(is_own_open_claim(row));  // a lease claim may commit pending
+  StoredRow shorter = claim_fresh(leased(kNow + kMinute), kNow);
+  EXPECT_EQ(shorter.expires_at, kNow + 10 * kMinute);
+}
+
+TEST(ClaimTakeOver, NextAttemptKeepsCheckpointAndFingerprint) {
+  StoredRow stored = fingerprinted(committed(KeyState::kAbandoned));
+  stored.attempt = 3;
+  stored.checkpoint = kPoint;
+  stored.checkpoint_data = kData;
+  stored.lease = kLease;
+  StoredRow row = claim_take_over(stored, in_transaction(Fingerprint{"other", 0x99}));
+  EXPECT_EQ(row.state, KeyState::kPending);
+  EXPECT_EQ(row.attempt, 4);
+  EXPECT_EQ(row.checkpoint, kPoint);
+  EXPECT_EQ(row.checkpoint_data, kData);
+  EXPECT_EQ(row.fingerprint, kFingerprintA);  // the stored one stays
+  EXPECT_EQ(row.lease, 0u);                   // now held in-transaction
+  EXPECT_FALSE(row.lease_expires_at);
+}
+
+TEST(ClaimTakeOver, AGivenFingerprintIsStoredWhenNoneWas) {
+  StoredRow row = claim_take_over(committed(KeyState::kAbandoned),
+                                  leased(kNow + kMinute * 2));
+  EXPECT_FALSE(row.fingerprint);
+  row = claim_take_over(committed(KeyState::kAbandoned), in_transaction(Fingerprint{"fp", 5}));
+  EXPECT_EQ(row.fingerprint, std::optional<std::string_view>("fp"));
+  EXPECT_EQ(row.fingerprint_value, 5u);
+}
+
+TEST(Finish, CompleteAndFailStoreTheResponseAndDropTheLease) {
+  StoredRow claim = claim_fresh(leased(kNow + kMinute), kNow);
+  StoredRow done = complete(claim, kResponse);
+  EXPECT_EQ(done.state, KeyState::kCompleted);
+  EXPECT_EQ(done.response, kResponse);
+  EXPECT_EQ(done.lease, 0u);
+  EXPECT_FALSE(done.lease_expires_at);
+  EXPECT_EQ(done.attempt, claim.attempt);
+  StoredRow failed = fail(claim, 0);
+  EXPECT_EQ(failed.state, KeyState::kFailed);
+  EXPECT_EQ(failed.response, 0u);
+}
+
+TEST(Finish, CheckpointRenewsOnlyALeaseAndStretchesTheWindow) {
+  StoredRow lease_claim = claim_fresh(leased(kNow + kMinute), kNow);
+  StoredRow renewed = checkpoint(lease_claim, kPoint, kData, kNow + 30 * kMinute);
+  EXPECT_EQ(renewed.checkpoint, kPoint);
+  EXPECT_EQ(renewed.checkpoint_data, kData);
+  EXPECT_EQ(renewed.lease_expires_at, std::optional<Micros>(kNow + 30 * kMinute));
+  EXPECT_EQ(renewed.expires_at, kNow + 30 * kMinute);
+  StoredRow plain = checkpoint(claim_fresh(in_transaction(), kNow), kPoint, 0, kNow + kMinute);
+  EXPECT_FALSE(plain.lease_expires_at);
+  EXPECT_EQ(plain.expires_at, kNow + 10 * kMinute);
+}
+
+TEST(Reaper, ReapsWhatIsNotLiveAndAbandonsStaleLeases) {
+  EXPECT_FALSE(is_reapable(committed(KeyState::kCompleted), kNow));
+  EXPECT_TRUE(is_reapable(expired(committed(KeyState::kCompleted)), kNow));
+  // Past its window but with a live lease: kept.
+  EXPECT_FALSE(is_reapable(with_lease(expired(committed(KeyState::kPending)), kNow + kMinute), kNow));
+  StoredRow stale = with_lease(committed(KeyState::kPending), kNow - kMinute);
+  stale.lease = kLease;
+  EXPECT_TRUE(is_stale(stale, kNow));
+  EXPECT_TRUE(is_abandoned(stale, kNow));
+  EXPECT_FALSE(is_stale(with_lease(committed(KeyState::kPending), kNow + kMinute), kNow));
+  EXPECT_FALSE(is_stale(with_lease(committed(KeyState::kCompleted), kNow - kMinute), kNow));
+  StoredRow abandoned = abandon(stale);
+  EXPECT_EQ(abandoned.state, KeyState::kAbandoned);
+  EXPECT_FALSE(abandoned.lease_expires_at);
+  EXPECT_EQ(abandoned.lease, kLease);  // still found by idem_abandoned's index
+  EXPECT_TRUE(is_abandoned(abandoned, kNow));
+  EXPECT_FALSE(is_abandoned(expired(abandoned), kNow));
+  EXPECT_EQ(decide_claim(&abandoned, kNoFingerprint, kNow), ClaimAction::kTakeOver);
 }
 
 }  // namespace

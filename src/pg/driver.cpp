@@ -1,0 +1,115 @@
+#include "pg/driver.hpp"
+
+#include "pg/errors.hpp"
+#include "pg/identity_lock.hpp"
+#include "pg/key_type.hpp"
+#include "pg/waits.hpp"
+#include "pg/xact.hpp"
+
+extern "C" {
+#include "miscadmin.h"
+#include "utils/builtins.h"
+}
+
+namespace idempotency {
+
+void probe_key(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* probe) {
+  const KeyRow* row = unwritten_claim(id);
+  if (row == nullptr) {
+    store_probe(store, id, snapshot, probe);
+    probe->view.claimed_by_this_transaction = probe->found && claimed_here(*probe, id);
+    return;
+  }
+  *probe = Probe{};
+  probe->found = probe->unwritten = true;
+  probe->row = *row;
+  read_row(*row, &probe->view);
+  probe->view.claimed_by_this_transaction = true;
+}
+
+// The identity lock of one call, computed only when needed: most calls (replays)
+// never lock, and the tag costs a keyed hash.
+struct CallLock {
+  const Identity& id;
+  bool computed = false;
+  bool held = false;
+  IdentityLock lock{};
+
+  const IdentityLock& get() {
+    if (!computed) lock = identity_lock(id, store_lock_secret());
+    computed = true;
+    return lock;
+  }
+  bool take(TimestampTz deadline) {
+    held = held || hold_identity_lock(get(), deadline);
+    return held;
+  }
+  void release() {
+    if (held) release_identity_lock(lock);
+    held = false;
+  }
+};
+
+static void raise_row_in_the_way(const Identity& id) {
+  ereport(ERROR, errcode(ERRCODE_IDEM_CLAIM_LOST),
+          errmsg("claim on idempotency key \"%s\" in scope \"%s\" was lost",
+                 key_cstring(id.key), text_to_cstring(id.scope)),
+          errdetail("Another row of the key was stored while the claim was held."));
+}
+
+Driven drive(KeyStore* store, const Identity& id, TimestampTz deadline, bool absent_waits,
+             Decide decide, Probe* probe, Step* step) {
+  CallLock lock{id};
+  InsertCount inserts = insert_count(id);
+  for (;;) {
+    CHECK_FOR_INTERRUPTS();
+    uint64 inserts_before = inserts_seen(inserts);
+    probe_key(store, id, nullptr, probe);
+    if (!probe->found && absent_waits && !lock.held) {
+      if (!lock.take(deadline)) return Driven::kTimedOut;
+      probe_key(store, id, nullptr, probe);  // what the lock's holder left
+      lock.release();
+    }
+    *step = decide(*probe, GetCurrentTimestamp());
+    bool first_row = step->kind == Step::kInsert || step->kind == Step::kKeepUnwritten;
+    if (!first_row) lock.release();
+    TransactionId writer = probe->writer;
+    WriteResult written = WriteResult::kBusy;
+    switch (step->kind) {
+      case Step::kStop: return Driven::kDone;
+      case Step::kWait: break;
+      case Step::kInsert:
+      case Step::kKeepUnwritten:
+        // A key's first row is inserted only under its lock, and after looking again
+        // if the lock's last holder may have inserted the row meanwhile.
+        if (!lock.held) {
+          if (!lock.take(deadline)) return Driven::kTimedOut;
+          if (inserted_since(inserts, inserts_before)) continue;
+        }
+        if (step->kind == Step::kKeepUnwritten) {
+          remember_unwritten_claim(id, step->row, lock.get());  // keeps the lock
+          return Driven::kDone;
+        }
+        // The primary key finds a row the probe did not see: let go and look again.
+        written = store_insert(store, &step->row) ? WriteResult::kDone : WriteResult::kChanged;
+        if (written == WriteResult::kDone) note_insert(inserts);
+        lock.release();
+        break;
+      case Step::kWriteUnwritten:
+        // The claim holds the lock and saw no row: only a row written outside the
+        // functions (a hand-made INSERT) can be in the way.
+        if (!store_insert(store, &step->row)) raise_row_in_the_way(id);
+        note_insert(inserts);
+        note_unwritten_claim_written(id);
+        return Driven::kDone;
+      case Step::kDropUnwritten: note_unwritten_claim_written(id); return Driven::kDone;
+      case Step::kUpdate: written = store_update(store, &probe->tid, &step->row, &writer); break;
+      case Step::kDelete: written = store_delete(store, &probe->tid, &writer); break;
+    }
+    if (written == WriteResult::kDone) return Driven::kDone;
+    if (written == WriteResult::kBusy && !wait_for_writer(writer, deadline))
+      return Driven::kTimedOut;
+  }
+}
+
+}  // namespace idempotency

@@ -1,0 +1,73 @@
+// The one loop of every function that acts on one key (claims, idem_once, finishes,
+// idem_forget): look at the key (probe), ask the caller what to do (the caller asks
+// the core), take the identity lock for a key's first row, write, and wait (polled,
+// bounded) for a row another transaction is writing; then look again.
+#pragma once
+
+#include <type_traits>
+
+#include "pg/key_row.hpp"
+#include "pg/store.hpp"
+
+extern "C" {
+#include "utils/timestamp.h"
+}
+
+namespace idempotency {
+
+// What to do after one look at the key.
+struct Step {
+  enum Kind {
+    kStop,            // decided: nothing (more) to write
+    kWait,            // another transaction is writing the row: wait, then look again
+    kInsert,          // insert `row` as the key's first row, under the identity lock
+    kKeepUnwritten,   // claim a key without a row in-transaction: keep `row`, hold the lock
+    kWriteUnwritten,  // insert `row` for this transaction's unwritten claim (its finish)
+    kDropUnwritten,   // drop this transaction's unwritten claim (released, forgotten)
+    kUpdate,          // replace the version looked at with `row`
+    kDelete,          // delete the version looked at
+  };
+  Kind kind = kStop;
+  KeyRow row;
+};
+
+enum class Driven {
+  kDone,      // a step stopped, or its write succeeded
+  kTimedOut,  // waiting for another transaction (or its identity lock) ran out
+};
+
+// A reference to a callable, kept on the stack across calls that can ereport (so
+// trivially destructible, unlike std::function).
+template <typename Fn>
+class FunctionRef;
+template <typename R, typename... Args>
+class FunctionRef<R(Args...)> {
+ public:
+  template <typename F>
+  FunctionRef(F& f)  // NOLINT(google-explicit-constructor): passed as a lambda
+      : object_(&f), call_([](void* o, Args... a) -> R { return (*static_cast<F*>(o))(a...); }) {}
+  R operator()(Args... a) const { return call_(object_, a...); }
+
+ private:
+  void* object_;
+  R (*call_)(void*, Args...);
+};
+
+using Decide = FunctionRef<Step(const Probe& probe, TimestampTz now)>;
+
+// What this transaction's unwritten claim, or else the store, holds for `id`.
+void probe_key(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* probe);
+
+// Runs the loop until a step stops or its write succeeds (kDone, with the last look
+// in *probe and what was done in *step), or a wait runs out (kTimedOut; *probe shows
+// the row waited for, or nothing when only the identity lock was). With
+// `absent_waits`, finding no row also waits for the identity lock, so another
+// transaction's unwritten claim counts as a row it is writing (finishes, forget).
+Driven drive(KeyStore* store, const Identity& id, TimestampTz deadline, bool absent_waits,
+             Decide decide, Probe* probe, Step* step);
+
+static_assert(std::is_trivially_destructible_v<Step>);
+static_assert(std::is_trivially_destructible_v<Probe>);
+static_assert(std::is_trivially_destructible_v<Decide>);
+
+}  // namespace idempotency
