@@ -371,6 +371,7 @@ int64 store_reap_dropped_roles(KeyStore* store, Snapshot snapshot, int64 max_row
   int64 deleted = 0;
   Oid after = InvalidOid;
   while (deleted < max_rows) {
+    CHECK_FOR_INTERRUPTS();  // a SIGTERM must not wait for a long sweep
     ScanKeyData key;
     ScanKeyInit(&key, 1, BTGreaterStrategyNumber, F_OIDGT, ObjectIdGetDatum(after));
     IndexScanDesc scan = index_beginscan(store->heap, store->index, snapshot, 1, 0);
@@ -385,6 +386,7 @@ int64 store_reap_dropped_roles(KeyStore* store, Snapshot snapshot, int64 max_row
     if (SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(role))) continue;
     IndexScanDesc rows = store_begin_role_scan(store, role, snapshot);
     while (deleted < max_rows && index_getnext_slot(rows, ForwardScanDirection, store->read_slot)) {
+      CHECK_FOR_INTERRUPTS();
       ItemPointerData tid = store->read_slot->tts_tid;
       TransactionId writer;
       if (store_delete(store, &tid, &writer) == WriteResult::kDone) deleted++;
