@@ -27,6 +27,7 @@ extern "C" {
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
+#include "storage/backendid.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/lwlock.h"
@@ -45,7 +46,6 @@ constexpr int kMaxDatabases = 128;
 struct DatabaseState {
   Oid database;      // InvalidOid: a free entry
   pid_t worker_pid;  // the worker serving it now, or 0
-  int pause_count;   // commands that need the database to themselves
   int64 reaped_total;
   int64 reclaimed_total;
   TimestampTz last_reap_at;
@@ -56,7 +56,14 @@ struct SharedState {
   slock_t mutex;
   pid_t launcher_pid;
   DatabaseState databases[kMaxDatabases];
+  // The database each backend's command needs to itself, by MyBackendId - 1: one
+  // slot per backend, so that a pause can always be recorded.
+  Oid paused[FLEXIBLE_ARRAY_MEMBER];
 };
+
+static Size shared_size() {
+  return add_size(offsetof(SharedState, paused), mul_size(MaxBackends, sizeof(Oid)));
+}
 
 static SharedState* shared;  // null unless the library was preloaded
 static shmem_request_hook_type previous_shmem_request;
@@ -83,16 +90,16 @@ static DatabaseState* database_entry(Oid database, bool create) {
 
 static void request_shared_memory() {
   if (previous_shmem_request) previous_shmem_request();
-  RequestAddinShmemSpace(sizeof(SharedState));
+  RequestAddinShmemSpace(shared_size());
 }
 
 static void start_shared_memory() {
   if (previous_shmem_startup) previous_shmem_startup();
   LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
   bool found;
-  shared = static_cast<SharedState*>(ShmemInitStruct("idempotency", sizeof(SharedState), &found));
+  shared = static_cast<SharedState*>(ShmemInitStruct("idempotency", shared_size(), &found));
   if (!found) {
-    memset(shared, 0, sizeof(SharedState));
+    memset(shared, 0, shared_size());
     SpinLockInit(&shared->mutex);
   }
   LWLockRelease(AddinShmemInitLock);
@@ -225,11 +232,18 @@ static void forget_worker(int, Datum database) {
   SpinLockRelease(&shared->mutex);
 }
 
+// Whether a backend's command needs `database` to itself. Call with the mutex held.
+static bool database_paused(Oid database) {
+  for (int i = 0; i < MaxBackends; i++)
+    if (shared->paused[i] == database) return true;
+  return false;
+}
+
 // Registers this process as the database's worker unless the database is paused.
 static bool claim_database(Oid database) {
   SpinLockAcquire(&shared->mutex);
-  DatabaseState* entry = database_entry(database, true);
-  bool ours = entry != nullptr && entry->pause_count == 0 && entry->worker_pid == 0;
+  DatabaseState* entry = database_paused(database) ? nullptr : database_entry(database, true);
+  bool ours = entry != nullptr && entry->worker_pid == 0;
   if (ours) entry->worker_pid = MyProcPid;
   SpinLockRelease(&shared->mutex);
   return ours;
@@ -286,7 +300,7 @@ static List* list_databases(MemoryContext context) {
 static void prune_entries(List* databases) {
   SpinLockAcquire(&shared->mutex);
   for (DatabaseState& entry : shared->databases)
-    if (entry.database != InvalidOid && entry.worker_pid == 0 && entry.pause_count == 0 &&
+    if (entry.database != InvalidOid && entry.worker_pid == 0 &&
         !list_member_oid(databases, entry.database))
       entry = DatabaseState{};
   SpinLockRelease(&shared->mutex);
@@ -397,16 +411,43 @@ static Oid database_needed_alone(Node* statement) {
   return name == nullptr ? InvalidOid : get_database_oid(name, true);
 }
 
-static void set_paused(Oid database, bool paused) {
+// This backend's pause slot.
+static Oid& own_pause() {
+  if (MyBackendId < 1 || MyBackendId > MaxBackends)
+    elog(ERROR, "backend id %d out of range for the idempotency reaper", MyBackendId);
+  return shared->paused[MyBackendId - 1];
+}
+
+// Pauses `database` and stops its worker. The command itself waits a few seconds
+// for other sessions to leave; a paused database gets no new worker.
+static void pause_database(Oid database) {
+  Oid& pause = own_pause();
   pid_t worker = 0;
   SpinLockAcquire(&shared->mutex);
-  if (DatabaseState* entry = database_entry(database, paused)) {
-    entry->pause_count += paused ? 1 : -1;
-    if (paused) worker = entry->worker_pid;
-  }
+  pause = database;
+  if (DatabaseState* entry = database_entry(database, false)) worker = entry->worker_pid;
   SpinLockRelease(&shared->mutex);
-  // The command itself waits a few seconds for other sessions to leave.
   if (worker != 0) kill(worker, SIGTERM);
+}
+
+// A pg_on_exit_callback, so that it can run at a FATAL exit too.
+static void unpause_database(int, Datum) {
+  Oid& pause = own_pause();
+  SpinLockAcquire(&shared->mutex);
+  pause = InvalidOid;
+  SpinLockRelease(&shared->mutex);
+}
+
+static void run_utility(PlannedStmt* statement, const char* query, bool read_only_tree,
+                        ProcessUtilityContext context, ParamListInfo params,
+                        QueryEnvironment* environment, DestReceiver* destination,
+                        QueryCompletion* completion) {
+  if (previous_process_utility)
+    previous_process_utility(statement, query, read_only_tree, context, params, environment,
+                             destination, completion);
+  else
+    standard_ProcessUtility(statement, query, read_only_tree, context, params, environment,
+                            destination, completion);
 }
 
 static void process_utility(PlannedStmt* statement, const char* query, bool read_only_tree,
@@ -414,21 +455,23 @@ static void process_utility(PlannedStmt* statement, const char* query, bool read
                             QueryEnvironment* environment, DestReceiver* destination,
                             QueryCompletion* completion) {
   Oid database = shared != nullptr ? database_needed_alone(statement->utilityStmt) : InvalidOid;
-  if (OidIsValid(database)) set_paused(database, true);
-  PG_TRY();
-  {
-    if (previous_process_utility)
-      previous_process_utility(statement, query, read_only_tree, context, params, environment,
-                               destination, completion);
-    else
-      standard_ProcessUtility(statement, query, read_only_tree, context, params, environment,
-                              destination, completion);
+  // One pause per session: a nested command (PostgreSQL's own have none) runs under
+  // the outer one's.
+  if (!OidIsValid(database) || OidIsValid(own_pause())) {
+    run_utility(statement, query, read_only_tree, context, params, environment, destination,
+                completion);
+    return;
   }
-  PG_FINALLY();
+  pause_database(database);
+  // Not PG_FINALLY: a FATAL exit (pg_terminate_backend while the command waits for
+  // the database's sessions) skips it and would leave the database paused for good.
+  PG_ENSURE_ERROR_CLEANUP(unpause_database, 0);
   {
-    if (OidIsValid(database)) set_paused(database, false);
+    run_utility(statement, query, read_only_tree, context, params, environment, destination,
+                completion);
   }
-  PG_END_TRY();
+  PG_END_ENSURE_ERROR_CLEANUP(unpause_database, 0);
+  unpause_database(0, 0);
 }
 
 void register_background_worker() {
