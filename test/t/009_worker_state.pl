@@ -66,5 +66,82 @@ for my $command ('DROP DATABASE doomed', 'ALTER DATABASE doomed SET TABLESPACE e
 		"a database is reaped again after a terminated $command");
 }
 
+# 2. Statements that will fail a permission check, and ALTER DATABASE options other
+#    than TABLESPACE, loop while the worker makes a long pass (small batches at the
+#    pace it keeps while a client is busy): none of them may terminate it.
+$node->safe_psql('postgres', q{
+  CREATE ROLE mallory LOGIN;
+  CREATE ROLE carol LOGIN CREATEDB;
+  ALTER SYSTEM SET idempotency.reaper_enabled = off;
+  ALTER SYSTEM SET idempotency.reaper_batch_size = 20;
+  SELECT pg_reload_conf();});
+wait_until('postgres', q{
+	SELECT count(*) = 0 FROM pg_stat_activity WHERE backend_type = 'idempotency reaper'})
+  or die 'a reaper still runs';
+$node->safe_psql('app', q{
+  SELECT count(*) FROM generate_series(1, 150000) g
+    WHERE idem_once('bulk', ('b' || g)::idem_key, ttl => '1 millisecond');});
+my $sleeper = $node->background_psql('postgres', on_error_stop => 0);
+my $sleeper_pid = $sleeper->query_safe('SELECT pg_backend_pid()');
+$sleeper->query_until(qr//, "SELECT pg_sleep(600);\n");
+$node->safe_psql('postgres', q{
+  ALTER SYSTEM SET idempotency.reaper_enabled = on; SELECT pg_reload_conf();});
+my $app_reaper = q{
+	SELECT string_agg(pid::text, ',') FROM pg_stat_activity
+	WHERE backend_type = 'idempotency reaper' AND datname = 'app'};
+wait_until('postgres', "SELECT ($app_reaper) IS NOT NULL", 10) or die 'no reaper started for app';
+my $reaper_pid = $node->safe_psql('postgres', $app_reaper);
+my $bulk_left = q{SELECT count(*) FROM idempotency.keys WHERE scope = 'bulk'};
+my $left = $node->safe_psql('app', $bulk_left);
+
+# Runs 50 rounds of $statements in postgres as $role; returns psql's stderr and how
+# many reapers were terminated meanwhile, as the server log tells.
+sub terminations_during {
+	my ($role, $statements) = @_;
+	my $offset = -s $node->logfile;
+	my ($stdout, $stderr);
+	$node->psql('postgres', join('', map { "$statements\nSELECT pg_sleep(0.01);\n" } 1 .. 50),
+		extra_params => [ '-U', $role ], on_error_stop => 0,
+		stdout => \$stdout, stderr => \$stderr);
+	my $terminated =
+	  () = slurp_file($node->logfile, $offset) =~ /terminating background worker "idempotency reaper"/g;
+	return ($stderr, $terminated);
+}
+
+my ($stderr, $terminated) = terminations_during('mallory', q{
+	ALTER DATABASE app RENAME TO x;
+	DROP DATABASE app;
+	CREATE DATABASE z TEMPLATE app;});
+like($stderr, qr/must be owner of database app/, 'RENAME and DROP fail for a non-owner');
+like($stderr, qr/permission denied to create database/, 'CREATE DATABASE fails without CREATEDB');
+is($terminated, 0, 'RENAME, DROP and CREATE ... TEMPLATE without the privileges leave the reaper alone');
+
+($stderr, $terminated) = terminations_during('carol', 'CREATE DATABASE z TEMPLATE app;');
+like($stderr, qr/permission denied to copy database "app"/,
+	'CREATE DATABASE fails for a non-owner of a database that is no template');
+is($terminated, 0, 'so does CREATE ... TEMPLATE of a database one may not copy');
+
+($stderr, $terminated) = terminations_during($node->safe_psql('postgres', 'SELECT current_user'), q{
+	ALTER DATABASE app CONNECTION LIMIT 5;
+	ALTER DATABASE app CONNECTION LIMIT -1;
+	ALTER DATABASE app ALLOW_CONNECTIONS true;
+	ALTER DATABASE app IS_TEMPLATE false;});
+is($stderr, '', 'the superuser changes options of app');
+is($terminated, 0, 'ALTER DATABASE options other than TABLESPACE leave the reaper alone');
+is($node->safe_psql('postgres', $app_reaper), $reaper_pid, 'one reaper worked through all of it');
+my $left_after = $node->safe_psql('app', $bulk_left);
+note "expired keys left: $left before the statements, $left_after after";
+cmp_ok($left_after, '<', $left, 'and made progress');
+
+# A command that may run still stops the worker: else it would wait 5 s and fail.
+$node->safe_psql('postgres', q{
+  ALTER SYSTEM RESET idempotency.reaper_batch_size; SELECT pg_reload_conf();});
+$node->safe_psql('postgres', 'ALTER DATABASE app RENAME TO app_renamed');
+$node->safe_psql('postgres', 'ALTER DATABASE app_renamed RENAME TO app');
+pass("the owner's RENAME takes the database from its reaper");
+$node->safe_psql('postgres', "SELECT pg_cancel_backend($sleeper_pid)");
+$sleeper->quit;
+ok(wait_until('app', "SELECT ($bulk_left) = 0", 60), 'the backlog is reaped');
+
 $node->stop;
 done_testing();
