@@ -44,6 +44,8 @@ extern "C" {
 
 namespace idempotency {
 
+// Entries are kept for databases with the extension, and for a database while a
+// worker checks it; the table does not fill with databases without the extension.
 constexpr int kMaxDatabases = 128;
 
 struct DatabaseState {
@@ -58,6 +60,7 @@ struct DatabaseState {
 struct SharedState {
   slock_t mutex;
   pid_t launcher_pid;
+  int unserved;  // workers turned away by a full table, for the launcher to report
   DatabaseState databases[kMaxDatabases];
   // The database each backend's command needs to itself, by MyBackendId - 1: one
   // slot per backend, so that a pause can always be recorded.
@@ -228,10 +231,16 @@ PassResult reap_current_database(bool own_transactions, int64 max_rows) {
 // The per-database worker
 // ---------------------------------------------------------------------------
 
+// Set when this worker finds no extension: its entry is freed as it leaves.
+static bool extension_missing = false;
+
 static void forget_worker(int, Datum database) {
   SpinLockAcquire(&shared->mutex);
   DatabaseState* entry = database_entry(DatumGetObjectId(database), false);
-  if (entry != nullptr && entry->worker_pid == MyProcPid) entry->worker_pid = 0;
+  if (entry != nullptr && entry->worker_pid == MyProcPid) {
+    entry->worker_pid = 0;
+    if (extension_missing) *entry = DatabaseState{};
+  }
   SpinLockRelease(&shared->mutex);
 }
 
@@ -242,12 +251,17 @@ static bool database_paused(Oid database) {
   return false;
 }
 
-// Registers this process as the database's worker unless the database is paused.
+// Registers this process as the database's worker unless the database is paused or
+// served already, or the table is full (counted for the launcher's log).
 static bool claim_database(Oid database) {
+  bool ours = false;
   SpinLockAcquire(&shared->mutex);
-  DatabaseState* entry = database_paused(database) ? nullptr : database_entry(database, true);
-  bool ours = entry != nullptr && entry->worker_pid == 0;
-  if (ours) entry->worker_pid = MyProcPid;
+  if (!database_paused(database)) {
+    DatabaseState* entry = database_entry(database, true);
+    if (entry == nullptr) shared->unserved++;
+    ours = entry != nullptr && entry->worker_pid == 0;
+    if (ours) entry->worker_pid = MyProcPid;
+  }
   SpinLockRelease(&shared->mutex);
   return ours;
 }
@@ -262,9 +276,9 @@ static void reaper_main(Datum argument) {
   BackgroundWorkerInitializeConnectionByOid(database, InvalidOid, 0);
 
   StartTransactionCommand();
-  bool installed = OidIsValid(get_extension_oid("idempotency", true));
+  extension_missing = !OidIsValid(get_extension_oid("idempotency", true));
   CommitTransactionCommand();
-  if (!installed) proc_exit(0);
+  if (extension_missing) proc_exit(0);
 
   pgstat_report_activity(STATE_RUNNING, "reaping expired idempotency keys");
   PassResult result = reap_current_database(true, 0);
@@ -307,6 +321,25 @@ static void prune_entries(List* databases) {
         !list_member_oid(databases, entry.database))
       entry = DatabaseState{};
   SpinLockRelease(&shared->mutex);
+}
+
+// Logs that the last pass left databases unserved for a full table: once per pass,
+// and at most once a minute.
+static void report_unserved(TimestampTz now) {
+  static TimestampTz last_report = 0;
+  SpinLockAcquire(&shared->mutex);
+  int unserved = shared->unserved;
+  shared->unserved = 0;
+  SpinLockRelease(&shared->mutex);
+  if (unserved == 0 || !TimestampDifferenceExceeds(last_report, now, 60 * 1000)) return;
+  last_report = now;
+  ereport(LOG,
+          errmsg_plural("idempotency reaper could not serve %d database in its last pass",
+                        "idempotency reaper could not serve %d databases in its last pass",
+                        unserved, unserved),
+          errdetail("It keeps state for at most %d databases with the extension.", kMaxDatabases),
+          errhint("Drop the extension where it is not used, or call idem_reap() in the "
+                  "databases the reaper does not serve."));
 }
 
 static BackgroundWorkerHandle* start_reaper(Oid database) {
@@ -363,6 +396,7 @@ static void launcher_main(Datum) {
     TimestampTz now = GetCurrentTimestamp();
     if (pending == NIL && busy == 0 && now >= next_pass) {
       MemoryContextReset(pass_context);
+      report_unserved(now);
       pending = settings.reaper_enabled ? list_databases(pass_context) : NIL;
       prune_entries(pending);
       last_pass = now;

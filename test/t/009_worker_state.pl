@@ -143,5 +143,26 @@ $node->safe_psql('postgres', "SELECT pg_cancel_backend($sleeper_pid)");
 $sleeper->quit;
 ok(wait_until('app', "SELECT ($bulk_left) = 0", 60), 'the backlog is reaped');
 
+# 3. More databases than the shared table (128 entries) holds: those with the
+#    extension are served however many others there are. The reaper is off while
+#    they are made, which is faster, and its first pass then meets them all.
+$node->safe_psql('postgres', q{
+  ALTER SYSTEM SET idempotency.reaper_enabled = off; SELECT pg_reload_conf();});
+$node->safe_psql('postgres', join '', map { "CREATE DATABASE d$_ TEMPLATE template0;\n" } 1 .. 150);
+my @served = map { "d$_" } 146 .. 150;
+for my $db (@served) {
+	$node->safe_psql($db, 'CREATE EXTENSION idempotency');
+	expire_one_key($db, 'many');
+}
+$node->safe_psql('postgres', q{
+  ALTER SYSTEM SET idempotency.reaper_enabled = on; SELECT pg_reload_conf();});
+my @waiting = @served;
+my $deadline = time() + 30;
+while (@waiting && time() < $deadline) {
+	@waiting = grep { $node->safe_psql($_, 'SELECT count(*) FROM idempotency.keys') ne '0' } @waiting;
+	usleep(100_000) if @waiting;
+}
+is("@waiting", '', 'every database with the extension is served among 150 others');
+
 $node->stop;
 done_testing();
