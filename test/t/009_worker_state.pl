@@ -145,10 +145,12 @@ ok(wait_until('app', "SELECT ($bulk_left) = 0", 60), 'the backlog is reaped');
 
 # 3. More databases than the shared table (128 entries) holds: those with the
 #    extension are served however many others there are. The reaper is off while
-#    they are made, which is faster, and its first pass then meets them all.
+#    they are made, and its first pass then meets them all. (FILE_COPY and the
+#    reaper off make the databases about four times as fast.)
 $node->safe_psql('postgres', q{
   ALTER SYSTEM SET idempotency.reaper_enabled = off; SELECT pg_reload_conf();});
-$node->safe_psql('postgres', join '', map { "CREATE DATABASE d$_ TEMPLATE template0;\n" } 1 .. 150);
+$node->safe_psql('postgres',
+	join '', map { "CREATE DATABASE d$_ TEMPLATE template0 STRATEGY FILE_COPY;\n" } 1 .. 150);
 my @served = map { "d$_" } 146 .. 150;
 for my $db (@served) {
 	$node->safe_psql($db, 'CREATE EXTENSION idempotency');
