@@ -22,11 +22,13 @@ extern "C" {
 #include "commands/dbcommands.h"
 #include "commands/defrem.h"
 #include "commands/extension.h"
+#include "commands/tablespace.h"
 #include "miscadmin.h"
 #include "nodes/parsenodes.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
+#include "storage/backendid.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/lwlock.h"
@@ -34,18 +36,21 @@ extern "C" {
 #include "storage/shmem.h"
 #include "storage/spin.h"
 #include "tcop/utility.h"
+#include "utils/acl.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 }
 
 namespace idempotency {
 
+// Entries are kept for databases with the extension, and for a database while a
+// worker checks it; the table does not fill with databases without the extension.
 constexpr int kMaxDatabases = 128;
 
 struct DatabaseState {
   Oid database;      // InvalidOid: a free entry
   pid_t worker_pid;  // the worker serving it now, or 0
-  int pause_count;   // commands that need the database to themselves
   int64 reaped_total;
   int64 reclaimed_total;
   TimestampTz last_reap_at;
@@ -55,8 +60,16 @@ struct DatabaseState {
 struct SharedState {
   slock_t mutex;
   pid_t launcher_pid;
+  int unserved;  // workers turned away by a full table, for the launcher to report
   DatabaseState databases[kMaxDatabases];
+  // The database each backend's command needs to itself, by MyBackendId - 1: one
+  // slot per backend, so that a pause can always be recorded.
+  Oid paused[FLEXIBLE_ARRAY_MEMBER];
 };
+
+static Size shared_size() {
+  return add_size(offsetof(SharedState, paused), mul_size(MaxBackends, sizeof(Oid)));
+}
 
 static SharedState* shared;  // null unless the library was preloaded
 static ProcessUtility_hook_type previous_process_utility;
@@ -79,12 +92,12 @@ static DatabaseState* database_entry(Oid database, bool create) {
 // Shared memory
 // ---------------------------------------------------------------------------
 
-Size worker_state_size() { return sizeof(SharedState); }
+Size worker_state_size() { return shared_size(); }
 
 void attach_worker_state(void* memory, bool initialize) {
   shared = static_cast<SharedState*>(memory);
   if (initialize) {
-    memset(shared, 0, sizeof(SharedState));
+    memset(shared, 0, shared_size());
     SpinLockInit(&shared->mutex);
   }
 }
@@ -209,19 +222,37 @@ PassResult reap_current_database(bool own_transactions, int64 max_rows) {
 // The per-database worker
 // ---------------------------------------------------------------------------
 
+// Set when this worker finds no extension: its entry is freed as it leaves.
+static bool extension_missing = false;
+
 static void forget_worker(int, Datum database) {
   SpinLockAcquire(&shared->mutex);
   DatabaseState* entry = database_entry(DatumGetObjectId(database), false);
-  if (entry != nullptr && entry->worker_pid == MyProcPid) entry->worker_pid = 0;
+  if (entry != nullptr && entry->worker_pid == MyProcPid) {
+    entry->worker_pid = 0;
+    if (extension_missing) *entry = DatabaseState{};
+  }
   SpinLockRelease(&shared->mutex);
 }
 
-// Registers this process as the database's worker unless the database is paused.
+// Whether a backend's command needs `database` to itself. Call with the mutex held.
+static bool database_paused(Oid database) {
+  for (int i = 0; i < MaxBackends; i++)
+    if (shared->paused[i] == database) return true;
+  return false;
+}
+
+// Registers this process as the database's worker unless the database is paused or
+// served already, or the table is full (counted for the launcher's log).
 static bool claim_database(Oid database) {
+  bool ours = false;
   SpinLockAcquire(&shared->mutex);
-  DatabaseState* entry = database_entry(database, true);
-  bool ours = entry != nullptr && entry->pause_count == 0 && entry->worker_pid == 0;
-  if (ours) entry->worker_pid = MyProcPid;
+  if (!database_paused(database)) {
+    DatabaseState* entry = database_entry(database, true);
+    if (entry == nullptr) shared->unserved++;
+    ours = entry != nullptr && entry->worker_pid == 0;
+    if (ours) entry->worker_pid = MyProcPid;
+  }
   SpinLockRelease(&shared->mutex);
   return ours;
 }
@@ -236,9 +267,9 @@ static void reaper_main(Datum argument) {
   BackgroundWorkerInitializeConnectionByOid(database, InvalidOid, 0);
 
   StartTransactionCommand();
-  bool installed = OidIsValid(get_extension_oid("idempotency", true));
+  extension_missing = !OidIsValid(get_extension_oid("idempotency", true));
   CommitTransactionCommand();
-  if (!installed) proc_exit(0);
+  if (extension_missing) proc_exit(0);
 
   pgstat_report_activity(STATE_RUNNING, "reaping expired idempotency keys");
   PassResult result = reap_current_database(true, 0);
@@ -277,10 +308,29 @@ static List* list_databases(MemoryContext context) {
 static void prune_entries(List* databases) {
   SpinLockAcquire(&shared->mutex);
   for (DatabaseState& entry : shared->databases)
-    if (entry.database != InvalidOid && entry.worker_pid == 0 && entry.pause_count == 0 &&
+    if (entry.database != InvalidOid && entry.worker_pid == 0 &&
         !list_member_oid(databases, entry.database))
       entry = DatabaseState{};
   SpinLockRelease(&shared->mutex);
+}
+
+// Logs that the last pass left databases unserved for a full table: once per pass,
+// and at most once a minute.
+static void report_unserved(TimestampTz now) {
+  static TimestampTz last_report = 0;
+  SpinLockAcquire(&shared->mutex);
+  int unserved = shared->unserved;
+  shared->unserved = 0;
+  SpinLockRelease(&shared->mutex);
+  if (unserved == 0 || !TimestampDifferenceExceeds(last_report, now, 60 * 1000)) return;
+  last_report = now;
+  ereport(LOG,
+          errmsg_plural("idempotency reaper could not serve %d database in its last pass",
+                        "idempotency reaper could not serve %d databases in its last pass",
+                        unserved, unserved),
+          errdetail("It keeps state for at most %d databases with the extension.", kMaxDatabases),
+          errhint("Drop the extension where it is not used, or call idem_reap() in the "
+                  "databases the reaper does not serve."));
 }
 
 static BackgroundWorkerHandle* start_reaper(Oid database) {
@@ -337,6 +387,7 @@ static void launcher_main(Datum) {
     TimestampTz now = GetCurrentTimestamp();
     if (pending == NIL && busy == 0 && now >= next_pass) {
       MemoryContextReset(pass_context);
+      report_unserved(now);
       pending = settings.reaper_enabled ? list_databases(pass_context) : NIL;
       prune_entries(pending);
       last_pass = now;
@@ -364,40 +415,122 @@ static void launcher_main(Datum) {
 // Database commands that need the database to themselves
 // ---------------------------------------------------------------------------
 
-// The database a DROP, RENAME, SET TABLESPACE or CREATE ... TEMPLATE needs alone.
+// What a command that needs a database to itself does with it.
+enum class Use { kDrop, kRename, kMove, kCopy };
+
+// The string value of option `name`, or null.
+static const char* option_string(List* options, const char* name) {
+  ListCell* cell;
+  foreach (cell, options) {
+    DefElem* option = lfirst_node(DefElem, cell);
+    if (strcmp(option->defname, name) == 0 && option->arg != nullptr) return defGetString(option);
+  }
+  return nullptr;
+}
+
+// Whether the command passes the checks dbcommands.c makes before it waits for the
+// database's sessions to leave. `argument`: the new name, the tablespace, or the new
+// database's name for kCopy.
+static bool command_will_wait(Form_pg_database database, Use use, const char* argument) {
+  Oid user = GetUserId();
+  bool owner = has_privs_of_role(user, database->datdba);  // true for a superuser
+  switch (use) {
+    case Use::kDrop: return owner;
+    case Use::kRename:
+      return owner && have_createdb_privilege() && !OidIsValid(get_database_oid(argument, true));
+    case Use::kMove: {
+      Oid tablespace = get_tablespace_oid(argument, true);
+      return owner && OidIsValid(tablespace) && tablespace != database->dattablespace &&
+             pg_tablespace_aclcheck(tablespace, user, ACL_CREATE) == ACLCHECK_OK;
+    }
+    case Use::kCopy:
+      return have_createdb_privilege() && (database->datistemplate || owner) &&
+             !OidIsValid(get_database_oid(argument, true));
+  }
+  return false;
+}
+
+// The database a DROP, RENAME, SET TABLESPACE or CREATE ... TEMPLATE needs alone, if
+// the command will get as far as waiting for it. Any other statement, and one that
+// will fail a permission check, leaves the worker alone: an unprivileged role
+// looping one must not stop the reaper.
 static Oid database_needed_alone(Node* statement) {
   const char* name = nullptr;
+  const char* argument = nullptr;
+  Use use = Use::kDrop;
   switch (nodeTag(statement)) {
     case T_DropdbStmt: name = castNode(DropdbStmt, statement)->dbname; break;
-    case T_AlterDatabaseStmt: name = castNode(AlterDatabaseStmt, statement)->dbname; break;
-    case T_RenameStmt:
-      if (castNode(RenameStmt, statement)->renameType == OBJECT_DATABASE)
-        name = castNode(RenameStmt, statement)->subname;
+    case T_AlterDatabaseStmt: {
+      AlterDatabaseStmt* alter = castNode(AlterDatabaseStmt, statement);
+      argument = option_string(alter->options, "tablespace");
+      if (argument != nullptr) name = alter->dbname;  // no other option needs it alone
+      use = Use::kMove;
       break;
+    }
+    case T_RenameStmt: {
+      RenameStmt* rename = castNode(RenameStmt, statement);
+      if (rename->renameType == OBJECT_DATABASE) name = rename->subname;
+      argument = rename->newname;
+      use = Use::kRename;
+      break;
+    }
     case T_CreatedbStmt: {
-      ListCell* cell;
-      foreach (cell, castNode(CreatedbStmt, statement)->options) {
-        DefElem* option = lfirst_node(DefElem, cell);
-        if (strcmp(option->defname, "template") == 0 && option->arg != nullptr)
-          name = defGetString(option);
-      }
+      CreatedbStmt* create = castNode(CreatedbStmt, statement);
+      name = option_string(create->options, "template");
+      argument = create->dbname;
+      use = Use::kCopy;
       break;
     }
     default: break;
   }
-  return name == nullptr ? InvalidOid : get_database_oid(name, true);
+  Oid database = name == nullptr ? InvalidOid : get_database_oid(name, true);
+  // On the current database each of these commands fails: this session is in it.
+  if (!OidIsValid(database) || database == MyDatabaseId) return InvalidOid;
+  HeapTuple tuple = SearchSysCache1(DATABASEOID, ObjectIdGetDatum(database));
+  if (!HeapTupleIsValid(tuple)) return InvalidOid;
+  bool waits =
+      command_will_wait(reinterpret_cast<Form_pg_database>(GETSTRUCT(tuple)), use, argument);
+  ReleaseSysCache(tuple);
+  return waits ? database : InvalidOid;
 }
 
-static void set_paused(Oid database, bool paused) {
+// This backend's pause slot.
+static Oid& own_pause() {
+  if (MyBackendId < 1 || MyBackendId > MaxBackends)
+    elog(ERROR, "backend id %d out of range for the idempotency reaper", MyBackendId);
+  return shared->paused[MyBackendId - 1];
+}
+
+// Pauses `database` and stops its worker. The command itself waits a few seconds
+// for other sessions to leave; a paused database gets no new worker.
+static void pause_database(Oid database) {
+  Oid& pause = own_pause();
   pid_t worker = 0;
   SpinLockAcquire(&shared->mutex);
-  if (DatabaseState* entry = database_entry(database, paused)) {
-    entry->pause_count += paused ? 1 : -1;
-    if (paused) worker = entry->worker_pid;
-  }
+  pause = database;
+  if (DatabaseState* entry = database_entry(database, false)) worker = entry->worker_pid;
   SpinLockRelease(&shared->mutex);
-  // The command itself waits a few seconds for other sessions to leave.
   if (worker != 0) kill(worker, SIGTERM);
+}
+
+// A pg_on_exit_callback, so that it can run at a FATAL exit too.
+static void unpause_database(int, Datum) {
+  Oid& pause = own_pause();
+  SpinLockAcquire(&shared->mutex);
+  pause = InvalidOid;
+  SpinLockRelease(&shared->mutex);
+}
+
+static void run_utility(PlannedStmt* statement, const char* query, bool read_only_tree,
+                        ProcessUtilityContext context, ParamListInfo params,
+                        QueryEnvironment* environment, DestReceiver* destination,
+                        QueryCompletion* completion) {
+  if (previous_process_utility)
+    previous_process_utility(statement, query, read_only_tree, context, params, environment,
+                             destination, completion);
+  else
+    standard_ProcessUtility(statement, query, read_only_tree, context, params, environment,
+                            destination, completion);
 }
 
 static void process_utility(PlannedStmt* statement, const char* query, bool read_only_tree,
@@ -405,21 +538,23 @@ static void process_utility(PlannedStmt* statement, const char* query, bool read
                             QueryEnvironment* environment, DestReceiver* destination,
                             QueryCompletion* completion) {
   Oid database = shared != nullptr ? database_needed_alone(statement->utilityStmt) : InvalidOid;
-  if (OidIsValid(database)) set_paused(database, true);
-  PG_TRY();
-  {
-    if (previous_process_utility)
-      previous_process_utility(statement, query, read_only_tree, context, params, environment,
-                               destination, completion);
-    else
-      standard_ProcessUtility(statement, query, read_only_tree, context, params, environment,
-                              destination, completion);
+  // One pause per session: a nested command (PostgreSQL's own have none) runs under
+  // the outer one's.
+  if (!OidIsValid(database) || OidIsValid(own_pause())) {
+    run_utility(statement, query, read_only_tree, context, params, environment, destination,
+                completion);
+    return;
   }
-  PG_FINALLY();
+  pause_database(database);
+  // Not PG_FINALLY: a FATAL exit (pg_terminate_backend while the command waits for
+  // the database's sessions) skips it and would leave the database paused for good.
+  PG_ENSURE_ERROR_CLEANUP(unpause_database, 0);
   {
-    if (OidIsValid(database)) set_paused(database, false);
+    run_utility(statement, query, read_only_tree, context, params, environment, destination,
+                completion);
   }
-  PG_END_TRY();
+  PG_END_ENSURE_ERROR_CLEANUP(unpause_database, 0);
+  unpause_database(0, 0);
 }
 
 void register_background_worker() {
