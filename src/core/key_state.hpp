@@ -49,7 +49,7 @@ struct StoredRow {
   Opaque lease = 0;  // the lease's length, kept to renew it
   Opaque checkpoint = 0;
   Opaque checkpoint_data = 0;
-  Opaque response = 0;  // the stored response or error
+  Opaque response = 0;                        // the stored response or error
   bool written_by_other_in_progress = false;  // xmin or xmax of a running transaction
   // The calling transaction made the pending claim this row holds (in-transaction
   // or with a lease), as opposed to merely writing it later (a checkpoint).

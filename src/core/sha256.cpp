@@ -53,9 +53,9 @@ Digest hmac_sha256(std::string_view key, std::initializer_list<std::string_view>
   unsigned int length = 0;
   if (EVP_DigestFinal_ex(context.get(), inner_digest.data(), &length) != 1)
     throw std::runtime_error("OpenSSL could not finish a SHA-256 digest");
-  return digest_of({std::string_view(outer.data(), kBlock),
-                    std::string_view(reinterpret_cast<const char*>(inner_digest.data()),
-                                     inner_digest.size())});
+  return digest_of(
+      {std::string_view(outer.data(), kBlock),
+       std::string_view(reinterpret_cast<const char*>(inner_digest.data()), inner_digest.size())});
 }
 
 std::string derive_key(std::string_view root, std::string_view step) {

@@ -85,7 +85,7 @@ static Datum claim_result(FunctionCallInfo fcinfo, Outcome outcome, const KeyRow
 
 // After a wait ran out: how long it waited, at least 100 ms.
 static int64 waited_us(const ClaimRequest& request) {
-  return Max(GetCurrentTimestamp() - request.started, 100 * 1000);
+  return Max(GetCurrentTimestamp() - request.started, INT64CONST(100000));
 }
 
 // What another transaction's claim shows while only its identity lock does: the
@@ -105,14 +105,13 @@ static Step claim_step(ClaimAction action, const ClaimRequest& request, const Pr
   switch (action) {
     case ClaimAction::kWait: step.kind = Step::kWait; return step;
     case ClaimAction::kInsert:
-    case ClaimAction::kReplaceExpired:
-      next = claim_fresh(request.terms, now);
-      break;
+    case ClaimAction::kReplaceExpired: next = claim_fresh(request.terms, now); break;
     case ClaimAction::kTakeOver: next = claim_take_over(probe.view, request.terms); break;
     default: step.kind = Step::kStop; return step;
   }
   if (complete_at_once) next = complete(next, 0);
-  step.row = next_row(action == ClaimAction::kTakeOver ? probe.row : identity_row(request.id), next);
+  step.row =
+      next_row(action == ClaimAction::kTakeOver ? probe.row : identity_row(request.id), next);
   if (action != ClaimAction::kInsert)
     step.kind = Step::kUpdate;
   else if (!complete_at_once && request.in_transaction && can_leave_claim_unwritten())
@@ -154,7 +153,8 @@ static Datum claim(FunctionCallInfo fcinfo) {
   switch (action) {
     case ClaimAction::kDuplicate:
       return claim_result(fcinfo, Outcome::kDuplicate, probe.row, std::nullopt);
-    case ClaimAction::kReplay: return claim_result(fcinfo, Outcome::kReplay, probe.row, std::nullopt);
+    case ClaimAction::kReplay:
+      return claim_result(fcinfo, Outcome::kReplay, probe.row, std::nullopt);
     case ClaimAction::kInProgress:
       return claim_result(fcinfo, Outcome::kInProgress, probe.row,
                           *probe.view.lease_expires_at - GetCurrentTimestamp());

@@ -70,8 +70,7 @@ static Datum derive(FunctionCallInfo fcinfo) {
   text* step = PG_GETARG_TEXT_PP(1);
   char derived[33];
   {
-    std::string key = derive_key(root,
-                                 as_utf8(VARDATA_ANY(step), VARSIZE_ANY_EXHDR(step)));
+    std::string key = derive_key(root, as_utf8(VARDATA_ANY(step), VARSIZE_ANY_EXHDR(step)));
     strlcpy(derived, key.c_str(), sizeof(derived));
   }
   PG_RETURN_POINTER(make_key(derived, strlen(derived)));

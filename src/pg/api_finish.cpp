@@ -75,7 +75,8 @@ static void finish(const FinishRequest& request, const char* function) {
 }
 
 static FinishRequest finish_arguments(FunctionCallInfo fcinfo, Finish kind, int attempt_arg) {
-  return FinishRequest{identity_arguments(fcinfo), attempt_argument(fcinfo, attempt_arg), kind, 0, 0};
+  return FinishRequest{identity_arguments(fcinfo), attempt_argument(fcinfo, attempt_arg), kind, 0,
+                       0};
 }
 
 // A stored value argument (a response, an error or checkpoint data), size-checked.

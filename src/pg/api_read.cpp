@@ -53,9 +53,7 @@ struct AbandonedClaims {
   text* scope;  // null: every scope
   TimestampTz now;
   MemoryContext context;
-  KeyRow** rows;
-  int count;
-  int capacity;
+  List* rows;  // of KeyRow*
 };
 
 static bool collect_abandoned(KeyStore*, KeyRow* row, const StoredRow& view, ItemPointer,
@@ -63,20 +61,19 @@ static bool collect_abandoned(KeyStore*, KeyRow* row, const StoredRow& view, Ite
   auto found = static_cast<AbandonedClaims*>(context);
   if (!is_abandoned(view, found->now)) return false;
   if (found->scope != nullptr &&
-      !DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID,
-                                            PointerGetDatum(found->scope), row->get(kScope))))
+      !DatumGetBool(DirectFunctionCall2Coll(texteq, C_COLLATION_OID, PointerGetDatum(found->scope),
+                                            row->get(kScope))))
     return false;
-  if (found->count == found->capacity) {
-    found->capacity *= 2;
-    found->rows = static_cast<KeyRow**>(repalloc(found->rows, found->capacity * sizeof(KeyRow*)));
-  }
-  found->rows[found->count++] = copy_row_into(*row, found->context);
+  KeyRow* kept = copy_row_into(*row, found->context);
+  MemoryContext caller = MemoryContextSwitchTo(found->context);
+  found->rows = lappend(found->rows, kept);
+  MemoryContextSwitchTo(caller);
   return true;
 }
 
-static int oldest_first(const void* a, const void* b) {
-  TimestampTz ta = DatumGetTimestampTz((*static_cast<KeyRow* const*>(a))->get(kFirstClaimedAt));
-  TimestampTz tb = DatumGetTimestampTz((*static_cast<KeyRow* const*>(b))->get(kFirstClaimedAt));
+static int oldest_first(const ListCell* a, const ListCell* b) {
+  TimestampTz ta = DatumGetTimestampTz(static_cast<KeyRow*>(lfirst(a))->get(kFirstClaimedAt));
+  TimestampTz tb = DatumGetTimestampTz(static_cast<KeyRow*>(lfirst(b))->get(kFirstClaimedAt));
   return (ta > tb) - (ta < tb);
 }
 
@@ -95,20 +92,19 @@ static Datum abandoned(FunctionCallInfo fcinfo) {
   InitMaterializedSRF(fcinfo, 0);
   ReturnSetInfo* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
 
-  AbandonedClaims found{scope, GetCurrentTimestamp(), CurrentMemoryContext, nullptr, 0, 16};
-  found.rows = static_cast<KeyRow**>(palloc(found.capacity * sizeof(KeyRow*)));
+  AbandonedClaims found{scope, GetCurrentTimestamp(), CurrentMemoryContext, NIL};
   KeyStore store;
   store_open(&store, false);
   if (!store_scan_leased(&store, GetActiveSnapshot(), GetUserId(), max_rows, collect_abandoned,
                          &found)) {
     store_scan_role(&store, GetActiveSnapshot(), GetUserId(), PG_INT64_MAX, collect_abandoned,
                     &found);
-    qsort(found.rows, found.count, sizeof(KeyRow*), oldest_first);
+    list_sort(found.rows, oldest_first);
   }
   store_close(&store);
 
-  for (int i = 0; i < found.count && i < max_rows; i++) {
-    const KeyRow& row = *found.rows[i];
+  for (int i = 0; i < list_length(found.rows) && i < max_rows; i++) {
+    const KeyRow& row = *static_cast<KeyRow*>(list_nth(found.rows, i));
     Datum values[6] = {row.get(kScope),          row.get(kKey),
                        row.get(kAttempt),        row.get(kCheckpoint),
                        row.get(kCheckpointData), row.get(kFirstClaimedAt)};

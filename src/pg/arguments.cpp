@@ -103,7 +103,6 @@ void check_stored_size(Datum value, const char* what) {
 
 static const char* key_text(const Identity& id) { return key_cstring(id.key); }
 
-
 void raise_in_progress(const Identity& id) {
   ereport(ERROR, errcode(ERRCODE_IDEM_IN_PROGRESS),
           errmsg("idempotency key \"%s\" in scope \"%s\" is in progress", key_text(id),
@@ -111,9 +110,7 @@ void raise_in_progress(const Identity& id) {
           errdetail("Another transaction or a live lease holds it."), errhint("Retry later."));
 }
 
-
-void raise_claim_lost(const Identity& id, const Probe& probe,
-                             std::optional<int32_t> attempt) {
+void raise_claim_lost(const Identity& id, const Probe& probe, std::optional<int32_t> attempt) {
   const StoredRow& row = probe.view;
   const char* detail;
   if (!probe.found || !is_live(row, GetCurrentTimestamp()))
@@ -131,14 +128,12 @@ void raise_claim_lost(const Identity& id, const Probe& probe,
           errdetail_internal("%s", detail));
 }
 
-
 void raise_not_claimed(const Identity& id) {
   ereport(ERROR, errcode(ERRCODE_IDEM_NOT_CLAIMED),
           errmsg("idempotency key \"%s\" in scope \"%s\" is not claimed", key_text(id),
                  text_to_cstring(id.scope)),
           errhint("Call idem_claim before finishing a key."));
 }
-
 
 void raise_mismatch(const Identity& id) {
   ereport(ERROR, errcode(ERRCODE_IDEM_FINGERPRINT_MISMATCH),

@@ -52,8 +52,8 @@ struct CallLock {
 
 static void raise_row_in_the_way(const Identity& id) {
   ereport(ERROR, errcode(ERRCODE_IDEM_CLAIM_LOST),
-          errmsg("claim on idempotency key \"%s\" in scope \"%s\" was lost",
-                 key_cstring(id.key), text_to_cstring(id.scope)),
+          errmsg("claim on idempotency key \"%s\" in scope \"%s\" was lost", key_cstring(id.key),
+                 text_to_cstring(id.scope)),
           errdetail("Another row of the key was stored while the claim was held."));
 }
 

@@ -65,10 +65,10 @@ auto guarded(Fn fn) -> decltype(fn()) {
 }  // namespace idempotency
 
 // Declares the C entry point `name` for SQL and runs `impl` inside the boundary.
-#define IDEM_SQL_FUNCTION(name, impl)                                                    \
-  extern "C" {                                                                           \
-  PG_FUNCTION_INFO_V1(name);                                                             \
-  Datum name(PG_FUNCTION_ARGS) {                                                         \
-    return idempotency::guarded([fcinfo] { return impl(fcinfo); });                      \
-  }                                                                                      \
+#define IDEM_SQL_FUNCTION(name, impl)                               \
+  extern "C" {                                                      \
+  PG_FUNCTION_INFO_V1(name);                                        \
+  Datum name(PG_FUNCTION_ARGS) {                                    \
+    return idempotency::guarded([fcinfo] { return impl(fcinfo); }); \
+  }                                                                 \
   }

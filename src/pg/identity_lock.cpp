@@ -32,8 +32,8 @@ static uint64 identity_hash(const Identity& id, const LockSecret& secret) {
   Digest digest = hmac_sha256(
       std::string_view(reinterpret_cast<const char*>(secret.bytes), secret.size),
       {std::string_view(reinterpret_cast<const char*>(&id.role), sizeof(id.role)),
-       std::string_view(reinterpret_cast<const char*>(&scope_length), sizeof(scope_length)),
-       scope, bytes_of(id.key)});
+       std::string_view(reinterpret_cast<const char*>(&scope_length), sizeof(scope_length)), scope,
+       bytes_of(id.key)});
   uint64 hash;
   memcpy(&hash, digest.data(), sizeof(hash));
   return hash;

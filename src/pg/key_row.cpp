@@ -101,9 +101,8 @@ KeyRow* copy_row_into(const KeyRow& row, MemoryContext context) {
   KeyRow* copy = static_cast<KeyRow*>(palloc(sizeof(KeyRow)));
   for (int i = 0; i < kKeysColumns; i++) {
     copy->isnull[i] = row.isnull[i];
-    copy->values[i] = row.isnull[i] ? 0
-                                    : datumCopy(row.values[i], kKeyColumns[i].byval,
-                                                kKeyColumns[i].length);
+    copy->values[i] =
+        row.isnull[i] ? 0 : datumCopy(row.values[i], kKeyColumns[i].byval, kKeyColumns[i].length);
   }
   MemoryContextSwitchTo(caller);
   return copy;

@@ -3,6 +3,8 @@
 // give up after `wait` without aborting its transaction.
 #include "pg/store.hpp"
 
+#include "pg/store_catalog.hpp"
+
 #include <optional>
 
 extern "C" {
@@ -34,130 +36,14 @@ extern "C" {
 
 namespace idempotency {
 
-// Catalog identity of the store, looked up once per backend and forgotten when the
-// relcache says the table changed (DROP EXTENSION, ALTER EXTENSION UPDATE, for one).
-struct StoreOids {
-  Oid heap;
-  Oid index;          // keys_pkey (role, scope, key)
-  Oid expires_index;  // keys_expires_at_idx (reap_slot, expires_at)
-  Oid lease_index;    // keys_lease_expires_at_idx, partial: leased rows only
-  Oid leased_index;   // keys_leased_idx (role, first_claimed_at), partial: lease claims (1.1)
-  Oid secret;         // idempotency.lock_secret (1.1)
-  RegProcedure key_eq;
-};
-static StoreOids cached_oids;
-
-// The identity locks' hash key, read once per backend after the OIDs.
-static LockSecret cached_secret;
-static bool secret_loaded;
-
-static void forget_oids(Datum, Oid relid) {
-  if (relid == InvalidOid || relid == cached_oids.heap || relid == cached_oids.index ||
-      relid == cached_oids.expires_index || relid == cached_oids.lease_index ||
-      relid == cached_oids.leased_index || relid == cached_oids.secret) {
-    cached_oids = StoreOids{};
-    secret_loaded = false;
+void copy_slot_row(TupleTableSlot* slot, KeyRow* row) {
+  slot_getallattrs(slot);
+  for (int i = 0; i < kKeysColumns; i++) {
+    row->isnull[i] = slot->tts_isnull[i];
+    row->values[i] = row->isnull[i] ? 0
+                                    : datumCopy(slot->tts_values[i], kKeyColumns[i].byval,
+                                                kKeyColumns[i].length);
   }
-}
-
-// A library must never write columns it does not know (an older library against a
-// newer schema): refuse unless the table has exactly the expected columns.
-static void check_layout(Oid heap) {
-  Relation rel = table_open(heap, AccessShareLock);
-  TupleDesc desc = RelationGetDescr(rel);
-  int natts = desc->natts;
-  const char* problem = nullptr;
-  for (int i = 0; i < Max(natts, kKeysColumns) && problem == nullptr; i++) {
-    if (i >= natts || i >= kKeysColumns) {
-      problem = psprintf("It has %d columns; this library expects %d.", natts, kKeysColumns);
-      break;
-    }
-    Form_pg_attribute att = TupleDescAttr(desc, i);
-    const KeyColumn& want = kKeyColumns[i];
-    if (att->attisdropped) {
-      problem = psprintf("Column %d was dropped; this library expects \"%s\".", i + 1, want.name);
-      break;
-    }
-    bool type_ok = OidIsValid(want.type) ? att->atttypid == want.type
-                                         : strcmp(format_type_be(att->atttypid), "idem_key") == 0;
-    if (strcmp(NameStr(att->attname), want.name) != 0 || !type_ok)
-      problem = psprintf("Column %d is \"%s\" of type %s; this library expects \"%s\".", i + 1,
-                         NameStr(att->attname), format_type_be(att->atttypid), want.name);
-  }
-  table_close(rel, AccessShareLock);
-  if (problem != nullptr)
-    ereport(ERROR, errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-            errmsg("idempotency.keys does not have the columns this library expects"),
-            errdetail_internal("%s", problem),
-            errhint("Install the idempotency library that matches the extension's version, "
-                    "then run ALTER EXTENSION idempotency UPDATE."));
-}
-
-static const StoreOids& store_oids() {
-  static bool callback_registered = false;
-  if (OidIsValid(cached_oids.heap)) return cached_oids;
-  if (!callback_registered) {
-    CacheRegisterRelcacheCallback(forget_oids, 0);
-    callback_registered = true;
-  }
-  Oid schema = get_namespace_oid("idempotency", true);
-  auto relation = [schema](const char* name) {
-    return OidIsValid(schema) ? get_relname_relid(name, schema) : InvalidOid;
-  };
-  StoreOids oids{relation("keys"),        relation("keys_pkey"),
-                 relation("keys_expires_at_idx"), relation("keys_lease_expires_at_idx"),
-                 relation("keys_leased_idx"),     relation("lock_secret"),
-                 InvalidOid};
-  if (!OidIsValid(oids.heap) || !OidIsValid(oids.index) || !OidIsValid(oids.expires_index) ||
-      !OidIsValid(oids.lease_index))
-    ereport(ERROR, errcode(ERRCODE_UNDEFINED_TABLE),
-            errmsg("the idempotency key store does not exist in this database"),
-            errhint("Run CREATE EXTENSION idempotency."));
-  check_layout(oids.heap);
-  // The key column's equality function, as the index's operator family defines it.
-  Relation index_rel = index_open(oids.index, AccessShareLock);
-  const int key_column = 2;  // 0-based in the index (role, scope, key)
-  Oid opfamily = index_rel->rd_opfamily[key_column];
-  Oid keytype = index_rel->rd_opcintype[key_column];
-  index_close(index_rel, AccessShareLock);
-  Oid eq = get_opfamily_member(opfamily, keytype, keytype, BTEqualStrategyNumber);
-  oids.key_eq = get_opcode(eq);
-  cached_oids = oids;
-  return cached_oids;
-}
-
-LockSecret store_lock_secret() {
-  const StoreOids oids = store_oids();
-  if (secret_loaded) return cached_secret;
-  LockSecret secret{};
-  if (OidIsValid(oids.secret)) {  // absent before ALTER EXTENSION idempotency UPDATE to 1.1
-    Relation rel = table_open(oids.secret, AccessShareLock);
-    Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
-    TableScanDesc scan = table_beginscan(rel, snapshot, 0, nullptr);
-    HeapTuple tuple = heap_getnext(scan, ForwardScanDirection);
-    if (tuple != nullptr) {
-      bool isnull;
-      Datum value = heap_getattr(tuple, 1, RelationGetDescr(rel), &isnull);
-      bytea* bytes = isnull ? nullptr : DatumGetByteaPP(value);
-      if (bytes != nullptr && VARSIZE_ANY_EXHDR(bytes) == sizeof(secret.bytes)) {
-        memcpy(secret.bytes, VARDATA_ANY(bytes), sizeof(secret.bytes));
-        secret.size = sizeof(secret.bytes);
-      }
-    }
-    table_endscan(scan);
-    UnregisterSnapshot(snapshot);
-    table_close(rel, AccessShareLock);
-    if (secret.size == 0)
-      ereport(ERROR, errcode(ERRCODE_DATA_CORRUPTED),
-              errmsg("idempotency.lock_secret holds no 32-byte secret"));
-  }
-  // Loaded after the invalidations that opening the table accepted: only now is the
-  // cache known to belong to the store of this call.
-  if (OidIsValid(cached_oids.heap)) {
-    cached_secret = secret;
-    secret_loaded = true;
-  }
-  return secret;
 }
 
 void store_open(KeyStore* store, bool for_write) {
@@ -193,42 +79,6 @@ static void init_identity_scankeys(const Identity& id, ScanKeyData keys[3]) {
   ScanKeyInit(&keys[2], 3, BTEqualStrategyNumber, store_oids().key_eq, PointerGetDatum(id.key));
 }
 
-static void copy_row(TupleTableSlot* slot, KeyRow* row) {
-  slot_getallattrs(slot);
-  for (int i = 0; i < kKeysColumns; i++) {
-    row->isnull[i] = slot->tts_isnull[i];
-    row->values[i] = row->isnull[i] ? 0
-                                    : datumCopy(slot->tts_values[i], kKeyColumns[i].byval,
-                                                kKeyColumns[i].length);
-  }
-}
-
-// Visits each row of `scan`, a copy of it alive only while it is visited: a pass over
-// a large backlog (idem_reap with no limit) must not hold every row it read.
-template <typename Next, typename Seen>
-static int64 visit_rows(KeyStore* store, Next next, int64 max_rows, RowVisitor visit,
-                        void* context, Seen seen) {
-  MemoryContext row_context =
-      AllocSetContextCreate(CurrentMemoryContext, "idempotency scan row", ALLOCSET_SMALL_SIZES);
-  int64 counted = 0;
-  while (counted < max_rows && next(store->read_slot)) {
-    MemoryContext caller = MemoryContextSwitchTo(row_context);
-    KeyRow row;
-    StoredRow view;
-    ItemPointerData tid = store->read_slot->tts_tid;
-    copy_row(store->read_slot, &row);
-    read_row(row, &view);
-    seen(view);
-    if (visit(store, &row, view, &tid, context)) counted++;
-    MemoryContextSwitchTo(caller);
-    MemoryContextReset(row_context);
-    CHECK_FOR_INTERRUPTS();
-  }
-  MemoryContextDelete(row_context);
-  ExecClearTuple(store->read_slot);
-  return counted;
-}
-
 // How one row version looks to a dirty snapshot, judged under its buffer's lock as
 // heap_hot_search_buffer would.
 struct VersionLook {
@@ -247,8 +97,7 @@ static VersionLook look_at_version(HeapTuple tuple, Buffer buffer, Snapshot dirt
   // entries of its own needs following.
   if (!look.visible && !(header->t_infomask & HEAP_XMAX_INVALID) &&
       !HEAP_XMAX_IS_LOCKED_ONLY(header->t_infomask) && !HeapTupleHeaderIsSpeculative(header) &&
-      !HeapTupleHeaderIsHotUpdated(header) &&
-      !ItemPointerEquals(&tuple->t_self, &header->t_ctid)) {
+      !HeapTupleHeaderIsHotUpdated(header) && !ItemPointerEquals(&tuple->t_self, &header->t_ctid)) {
     look.successor = header->t_ctid;
     look.updater = HeapTupleHeaderGetUpdateXid(header);
   }
@@ -329,7 +178,7 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
                 errmsg("could not serialize access due to concurrent update"),
                 errdetail("Another transaction committed this idempotency key after this "
                           "transaction's snapshot was taken."));
-      copy_row(slot, &probe->row);
+      copy_slot_row(slot, &probe->row);
       read_row(probe->row, &probe->view);
       probe->view.written_by_other_in_progress = TransactionIdIsValid(writer);
     }
@@ -427,115 +276,6 @@ WriteResult store_delete(KeyStore* store, ItemPointer tid, TransactionId* writer
                                         InvalidSnapshot, InvalidSnapshot, false, &failure, false);
   if (result == TM_Ok) store->wrote = true;
   return write_result(result, failure, writer);
-}
-
-static auto next_in(IndexScanDesc scan) {
-  return [scan](TupleTableSlot* slot) {
-    return index_getnext_slot(scan, ForwardScanDirection, slot);
-  };
-}
-
-int64 store_scan_table(KeyStore* store, Snapshot snapshot, RowVisitor visit, void* context) {
-  TableScanDesc scan = table_beginscan(store->heap, snapshot, 0, nullptr);
-  int64 counted = visit_rows(
-      store,
-      [scan](TupleTableSlot* slot) {
-        return table_scan_getnextslot(scan, ForwardScanDirection, slot);
-      },
-      PG_INT64_MAX, visit, context, [](const StoredRow&) {});
-  table_endscan(scan);
-  return counted;
-}
-
-// Scans `index` for entries up to `bound` in its timestamp column (from `*from` on,
-// after a first column equal to `prefix`, if given) and visits each row; stops after
-// max_rows rows the visitor counted. `*from` follows the rows visited.
-static int64 scan_index_range(KeyStore* store, Relation index, Snapshot snapshot,
-                              std::optional<int16> prefix, TimestampTz* from, TimestampTz bound,
-                              int64 max_rows, RowVisitor visit, void* context) {
-  ScanKeyData keys[3];
-  int nkeys = 0;
-  if (prefix)
-    ScanKeyInit(&keys[nkeys++], 1, BTEqualStrategyNumber, F_INT2EQ, Int16GetDatum(*prefix));
-  AttrNumber column = nkeys + 1;
-  if (*from != DT_NOBEGIN)
-    ScanKeyInit(&keys[nkeys++], column, BTGreaterEqualStrategyNumber, F_TIMESTAMPTZ_GE,
-                TimestampTzGetDatum(*from));
-  ScanKeyInit(&keys[nkeys++], column, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE,
-              TimestampTzGetDatum(bound));
-  IndexScanDesc scan = index_beginscan(store->heap, index, snapshot, nkeys, 0);
-  index_rescan(scan, keys, nkeys, nullptr, 0);
-  int64 counted = visit_rows(store, next_in(scan), max_rows, visit, context,
-                             [&](const StoredRow& view) { *from = view.expires_at; });
-  index_endscan(scan);
-  return counted;
-}
-
-int64 store_scan_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows,
-                         ReapPosition* position, RowVisitor visit, void* context) {
-  Relation index = index_open(store_oids().expires_index, RowExclusiveLock);
-  int64 counted = 0;
-  while (position->slot < kReapSlots) {
-    counted += scan_index_range(store, index, snapshot, position->slot, &position->from, now,
-                                max_rows - counted, visit, context);
-    if (counted >= max_rows) break;
-    *position = ReapPosition{static_cast<int16>(position->slot + 1), DT_NOBEGIN};
-  }
-  index_close(index, NoLock);
-  return counted;
-}
-
-int64 store_scan_lease_ends(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows,
-                            RowVisitor visit, void* context) {
-  Relation index = index_open(store_oids().lease_index, AccessShareLock);
-  TimestampTz from = DT_NOBEGIN;
-  int64 counted = scan_index_range(store, index, snapshot, std::nullopt, &from, now, max_rows,
-                                   visit, context);
-  index_close(index, NoLock);
-  return counted;
-}
-
-// A loose scan of the primary key: one probe per role.
-Oid store_next_role(KeyStore* store, Snapshot snapshot, Oid after) {
-  ScanKeyData key;
-  ScanKeyInit(&key, 1, BTGreaterStrategyNumber, F_OIDGT, ObjectIdGetDatum(after));
-  IndexScanDesc scan = index_beginscan(store->heap, store->index, snapshot, 1, 0);
-  index_rescan(scan, &key, 1, nullptr, 0);
-  Oid role = InvalidOid;
-  if (index_getnext_slot(scan, ForwardScanDirection, store->read_slot)) {
-    bool isnull;
-    role = DatumGetObjectId(slot_getattr(store->read_slot, kRole, &isnull));
-  }
-  index_endscan(scan);
-  ExecClearTuple(store->read_slot);
-  return role;
-}
-
-static int64 scan_role(KeyStore* store, Relation index, Snapshot snapshot, Oid role,
-                       int64 max_rows, RowVisitor visit, void* context) {
-  ScanKeyData key;
-  ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(role));
-  IndexScanDesc scan = index_beginscan(store->heap, index, snapshot, 1, 0);
-  index_rescan(scan, &key, 1, nullptr, 0);
-  int64 counted =
-      visit_rows(store, next_in(scan), max_rows, visit, context, [](const StoredRow&) {});
-  index_endscan(scan);
-  return counted;
-}
-
-int64 store_scan_role(KeyStore* store, Snapshot snapshot, Oid role, int64 max_rows,
-                      RowVisitor visit, void* context) {
-  return scan_role(store, store->index, snapshot, role, max_rows, visit, context);
-}
-
-bool store_scan_leased(KeyStore* store, Snapshot snapshot, Oid role, int64 max_rows,
-                       RowVisitor visit, void* context) {
-  Oid leased = store_oids().leased_index;
-  if (!OidIsValid(leased)) return false;
-  Relation index = index_open(leased, AccessShareLock);
-  scan_role(store, index, snapshot, role, max_rows, visit, context);
-  index_close(index, NoLock);
-  return true;
 }
 
 }  // namespace idempotency

@@ -34,7 +34,7 @@ struct KeyStore {
 // What a probe saw.
 struct Probe {
   bool found;
-  bool unwritten;  // this transaction's in-transaction claim, its row not yet written
+  bool unwritten;     // this transaction's in-transaction claim, its row not yet written
   bool written_here;  // this transaction wrote the version found
   ItemPointerData tid;
   TransactionId writer;  // another running transaction writing this row version
@@ -75,8 +75,8 @@ WriteResult store_delete(KeyStore* store, ItemPointer tid, TransactionId* writer
 // Scans for the reaper, idem_reap, idem_stats and idem_abandoned. Each visits rows
 // with `snapshot`, a copy of each row alive only during its visit, and stops after
 // max_rows rows the visitor counted (it returns true for those); it returns that count.
-using RowVisitor = bool (*)(KeyStore* store, KeyRow* row, const StoredRow& view,
-                            ItemPointer tid, void* context);
+using RowVisitor = bool (*)(KeyStore* store, KeyRow* row, const StoredRow& view, ItemPointer tid,
+                            void* context);
 
 // Every row, in table order (idem_stats on a small table).
 int64 store_scan_table(KeyStore* store, Snapshot snapshot, RowVisitor visit, void* context);

@@ -11,9 +11,10 @@ extern "C" {
 
 namespace idempotency {
 
-// From _PG_init while shared_preload_libraries is processed: shared memory,
-// the launcher and the utility hook.
+// From _PG_init while shared_preload_libraries is processed: the launcher and the
+// utility hook (shared memory is shmem.cpp's).
 void register_background_worker();
+void install_utility_hook();
 
 // The launcher's and workers' shared state, for shmem.cpp.
 Size worker_state_size();

@@ -35,7 +35,7 @@ static int claim_capacity;
 // error caught by a savepoint or an EXCEPTION block, releases the locks it took. A
 // lock is held either for one call's insert decision or by an unwritten claim.
 struct HeldLock {
-  SubTransactionId subxact;     // the subtransaction that holds it
+  SubTransactionId subxact;  // the subtransaction that holds it
   IdentityLock lock;
   // An unwritten claim (row != nullptr): its identity and row, in TopTransactionContext.
   Identity id;
@@ -95,8 +95,8 @@ static bool same_identity(const Identity& a, const Identity& b) {
 bool hold_identity_lock(const IdentityLock& lock, TimestampTz deadline) {
   if (held_count == kMaxHeldLocks) elog(ERROR, "too many idempotency identity locks held");
   if (!lock_identity(lock, deadline)) return false;
-  held[held_count++] = HeldLock{GetCurrentSubTransactionId(), lock, {}, nullptr,
-                                InvalidSubTransactionId};
+  held[held_count++] =
+      HeldLock{GetCurrentSubTransactionId(), lock, {}, nullptr, InvalidSubTransactionId};
   return true;
 }
 

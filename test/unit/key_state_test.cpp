@@ -372,8 +372,7 @@ TEST(ClaimTakeOver, NextAttemptKeepsCheckpointAndFingerprint) {
 }
 
 TEST(ClaimTakeOver, AGivenFingerprintIsStoredWhenNoneWas) {
-  StoredRow row = claim_take_over(committed(KeyState::kAbandoned),
-                                  leased(kNow + kMinute * 2));
+  StoredRow row = claim_take_over(committed(KeyState::kAbandoned), leased(kNow + kMinute * 2));
   EXPECT_FALSE(row.fingerprint);
   row = claim_take_over(committed(KeyState::kAbandoned), in_transaction(Fingerprint{"fp", 5}));
   EXPECT_EQ(row.fingerprint, std::optional<std::string_view>("fp"));
@@ -409,7 +408,8 @@ TEST(Reaper, ReapsWhatIsNotLiveAndAbandonsStaleLeases) {
   EXPECT_FALSE(is_reapable(committed(KeyState::kCompleted), kNow));
   EXPECT_TRUE(is_reapable(expired(committed(KeyState::kCompleted)), kNow));
   // Past its window but with a live lease: kept.
-  EXPECT_FALSE(is_reapable(with_lease(expired(committed(KeyState::kPending)), kNow + kMinute), kNow));
+  EXPECT_FALSE(
+      is_reapable(with_lease(expired(committed(KeyState::kPending)), kNow + kMinute), kNow));
   StoredRow stale = with_lease(committed(KeyState::kPending), kNow - kMinute);
   stale.lease = kLease;
   EXPECT_TRUE(is_stale(stale, kNow));

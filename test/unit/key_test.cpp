@@ -151,13 +151,14 @@ TEST(StoreKey, ACanonicalUuidTakes17Bytes) {
 }
 
 TEST(StoreKey, OtherKeysAreStoredAsTheyAre) {
-  for (std::string key : std::vector<std::string>{"order-1001", "k",
-                          "0A1B2C3D-4E5F-6789-ABCD-EF0123456789",  // uppercase
-                          "0a1b2c3d4e5f6789abcdef0123456789",      // no hyphens
-                          "0a1b2c3d-4e5f-6789-abcd-ef012345678g",  // not hex
-                          "0a1b2c3d-4e5f-6789-abcd-ef01234567890",  // 37 characters
-                          "0a1b2c3d-4e5f-6789-abcdef-0123456789",  // hyphen moved
-                          std::string(kMaxKeyBytes, '~')}) {
+  for (std::string key :
+       std::vector<std::string>{"order-1001", "k",
+                                "0A1B2C3D-4E5F-6789-ABCD-EF0123456789",   // uppercase
+                                "0a1b2c3d4e5f6789abcdef0123456789",       // no hyphens
+                                "0a1b2c3d-4e5f-6789-abcd-ef012345678g",   // not hex
+                                "0a1b2c3d-4e5f-6789-abcd-ef01234567890",  // 37 characters
+                                "0a1b2c3d-4e5f-6789-abcdef-0123456789",   // hyphen moved
+                                std::string(kMaxKeyBytes, '~')}) {
     EXPECT_EQ(stored(key), key) << key;
     EXPECT_EQ(loaded(stored(key)), key) << key;
   }
@@ -174,13 +175,23 @@ TEST(StoreKey, StoreUuidMatchesStoreKey) {
 
 // Stored keys order exactly as their characters do, whichever forms meet.
 TEST(CompareStoredKeys, FollowsTheCharacters) {
-  std::vector<std::string> keys = {
-      "0", "00000000-0000-0000-0000-000000000000", "00000000-0000-0000-0000-000000000001",
-      "00000000-0000-0000-0000-00000000000", "00000000-0000-0000-0000-0000000000010",
-      "0a1b2c3d-4e5f-6789-abcd-ef0123456789", "0a1b2c3d-4e5f-6789-abcd-ef012345678",
-      "0a1b2c3d-4e5f-6789-abcd-ef0123456789x", "0a1b2c3d-4e5f-6789-ABCD-ef0123456789",
-      "9fffffff-ffff-ffff-ffff-ffffffffffff", "a", "a0000000-0000-0000-0000-000000000000",
-      "ffffffff-ffff-ffff-ffff-ffffffffffff", "g", "~", "-", "order-1"};
+  std::vector<std::string> keys = {"0",
+                                   "00000000-0000-0000-0000-000000000000",
+                                   "00000000-0000-0000-0000-000000000001",
+                                   "00000000-0000-0000-0000-00000000000",
+                                   "00000000-0000-0000-0000-0000000000010",
+                                   "0a1b2c3d-4e5f-6789-abcd-ef0123456789",
+                                   "0a1b2c3d-4e5f-6789-abcd-ef012345678",
+                                   "0a1b2c3d-4e5f-6789-abcd-ef0123456789x",
+                                   "0a1b2c3d-4e5f-6789-ABCD-ef0123456789",
+                                   "9fffffff-ffff-ffff-ffff-ffffffffffff",
+                                   "a",
+                                   "a0000000-0000-0000-0000-000000000000",
+                                   "ffffffff-ffff-ffff-ffff-ffffffffffff",
+                                   "g",
+                                   "~",
+                                   "-",
+                                   "order-1"};
   std::mt19937 random(7);
   for (int i = 0; i < 200; i++) {
     std::string uuid = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx";

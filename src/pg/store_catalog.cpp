@@ -1,0 +1,155 @@
+// The store's catalog identity: the OIDs of idempotency.keys and its indexes, the
+// check that the table has the columns this library expects, and the lock secret.
+// Looked up once per backend and forgotten when the relcache says they changed.
+#include "pg/store_catalog.hpp"
+
+#include <optional>
+
+extern "C" {
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/relation.h"
+#include "access/table.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_type.h"
+#include "common/hashfn.h"
+#include "executor/executor.h"
+#include "miscadmin.h"
+#include "storage/latch.h"
+#include "storage/bufmgr.h"
+#include "storage/lmgr.h"
+#include "utils/builtins.h"
+#include "utils/datum.h"
+#include "utils/fmgroids.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/wait_event.h"
+}
+
+namespace idempotency {
+
+static StoreOids cached_oids;
+
+// The identity locks' hash key, read once per backend after the OIDs.
+static LockSecret cached_secret;
+static bool secret_loaded;
+
+static void forget_oids(Datum, Oid relid) {
+  if (relid == InvalidOid || relid == cached_oids.heap || relid == cached_oids.index ||
+      relid == cached_oids.expires_index || relid == cached_oids.lease_index ||
+      relid == cached_oids.leased_index || relid == cached_oids.secret) {
+    cached_oids = StoreOids{};
+    secret_loaded = false;
+  }
+}
+
+// A library must never write columns it does not know (an older library against a
+// newer schema): refuse unless the table has exactly the expected columns.
+static void check_layout(Oid heap) {
+  Relation rel = table_open(heap, AccessShareLock);
+  TupleDesc desc = RelationGetDescr(rel);
+  int natts = desc->natts;
+  const char* problem = nullptr;
+  for (int i = 0; i < Max(natts, kKeysColumns) && problem == nullptr; i++) {
+    if (i >= natts || i >= kKeysColumns) {
+      problem = psprintf("It has %d columns; this library expects %d.", natts, kKeysColumns);
+      break;
+    }
+    Form_pg_attribute att = TupleDescAttr(desc, i);
+    const KeyColumn& want = kKeyColumns[i];
+    if (att->attisdropped) {
+      problem = psprintf("Column %d was dropped; this library expects \"%s\".", i + 1, want.name);
+      break;
+    }
+    bool type_ok = OidIsValid(want.type) ? att->atttypid == want.type
+                                         : strcmp(format_type_be(att->atttypid), "idem_key") == 0;
+    if (strcmp(NameStr(att->attname), want.name) != 0 || !type_ok)
+      problem = psprintf("Column %d is \"%s\" of type %s; this library expects \"%s\".", i + 1,
+                         NameStr(att->attname), format_type_be(att->atttypid), want.name);
+  }
+  table_close(rel, AccessShareLock);
+  if (problem != nullptr)
+    ereport(ERROR, errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+            errmsg("idempotency.keys does not have the columns this library expects"),
+            errdetail_internal("%s", problem),
+            errhint("Install the idempotency library that matches the extension's version, "
+                    "then run ALTER EXTENSION idempotency UPDATE."));
+}
+
+const StoreOids& store_oids() {
+  static bool callback_registered = false;
+  if (OidIsValid(cached_oids.heap)) return cached_oids;
+  if (!callback_registered) {
+    CacheRegisterRelcacheCallback(forget_oids, 0);
+    callback_registered = true;
+  }
+  Oid schema = get_namespace_oid("idempotency", true);
+  auto relation = [schema](const char* name) {
+    return OidIsValid(schema) ? get_relname_relid(name, schema) : InvalidOid;
+  };
+  StoreOids oids{relation("keys"),
+                 relation("keys_pkey"),
+                 relation("keys_expires_at_idx"),
+                 relation("keys_lease_expires_at_idx"),
+                 relation("keys_leased_idx"),
+                 relation("lock_secret"),
+                 InvalidOid};
+  if (!OidIsValid(oids.heap) || !OidIsValid(oids.index) || !OidIsValid(oids.expires_index) ||
+      !OidIsValid(oids.lease_index))
+    ereport(ERROR, errcode(ERRCODE_UNDEFINED_TABLE),
+            errmsg("the idempotency key store does not exist in this database"),
+            errhint("Run CREATE EXTENSION idempotency."));
+  check_layout(oids.heap);
+  // The key column's equality function, as the index's operator family defines it.
+  Relation index_rel = index_open(oids.index, AccessShareLock);
+  const int key_column = 2;  // 0-based in the index (role, scope, key)
+  Oid opfamily = index_rel->rd_opfamily[key_column];
+  Oid keytype = index_rel->rd_opcintype[key_column];
+  index_close(index_rel, AccessShareLock);
+  Oid eq = get_opfamily_member(opfamily, keytype, keytype, BTEqualStrategyNumber);
+  oids.key_eq = get_opcode(eq);
+  cached_oids = oids;
+  return cached_oids;
+}
+
+LockSecret store_lock_secret() {
+  const StoreOids oids = store_oids();
+  if (secret_loaded) return cached_secret;
+  LockSecret secret{};
+  if (OidIsValid(oids.secret)) {  // absent before ALTER EXTENSION idempotency UPDATE to 1.1
+    Relation rel = table_open(oids.secret, AccessShareLock);
+    Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
+    TableScanDesc scan = table_beginscan(rel, snapshot, 0, nullptr);
+    HeapTuple tuple = heap_getnext(scan, ForwardScanDirection);
+    if (tuple != nullptr) {
+      bool isnull;
+      Datum value = heap_getattr(tuple, 1, RelationGetDescr(rel), &isnull);
+      bytea* bytes = isnull ? nullptr : DatumGetByteaPP(value);
+      if (bytes != nullptr && VARSIZE_ANY_EXHDR(bytes) == sizeof(secret.bytes)) {
+        memcpy(secret.bytes, VARDATA_ANY(bytes), sizeof(secret.bytes));
+        secret.size = sizeof(secret.bytes);
+      }
+    }
+    table_endscan(scan);
+    UnregisterSnapshot(snapshot);
+    table_close(rel, AccessShareLock);
+    if (secret.size == 0)
+      ereport(ERROR, errcode(ERRCODE_DATA_CORRUPTED),
+              errmsg("idempotency.lock_secret holds no 32-byte secret"));
+  }
+  // Loaded after the invalidations that opening the table accepted: only now is the
+  // cache known to belong to the store of this call.
+  if (OidIsValid(cached_oids.heap)) {
+    cached_secret = secret;
+    secret_loaded = true;
+  }
+  return secret;
+}
+
+}  // namespace idempotency
