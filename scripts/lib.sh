@@ -19,7 +19,8 @@ export LANG=C.UTF-8 LC_ALL=C.UTF-8
 # HTTP example (examples/http) and its test; pgbouncer for the pooler test.
 REQUIRED_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libssl-dev
                    g++ make cmake libgtest-dev libipc-run-perl perl clang libclang-rt-14-dev
-                   python3 python3-psycopg python3-psycopg-pool pgbouncer git)
+                   python3 python3-psycopg python3-psycopg-pool pgbouncer git
+                   clang-format clang-tidy bear)
 
 # A section banner.
 say() { printf '\n== %s\n' "$*"; }

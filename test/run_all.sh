@@ -7,17 +7,19 @@
 #      installs the extension (PGXS), and checks `make install DESTDIR=...`;
 #   3. unit tests of the C++ core with ctest, plainly and under ASan/UBSan, and the
 #      libFuzzer targets for FUZZ_SECONDS each (default 30; 0 skips them);
-#   4. from a copy of the repository owned by the postgres OS user, `make installcheck`
-#      three times: pg_regress (REGRESS) and the isolation specs (ISOLATION) against a
-#      throwaway cluster that preloads the library, then the TAP tests (TAP_TESTS),
-#      which start clusters of their own.
+#   4. `make format-check` and `make lint` (clang-format, clang-tidy), one pass or
+#      failure each;
+#   5. from a copy of the repository owned by the postgres OS user, `make installcheck`
+#      three times: pg_regress (REGRESS) and the isolation specs (ISOLATION), each on a
+#      temporary instance of its own (test/regress.conf), then the TAP tests
+#      (TAP_TESTS), which start clusters of their own.
 #
 # It ends with exactly one line "N passed, N failed", counting ctest tests, fuzz
 # targets, pg_regress and isolation tests, and TAP assertions; a stage that cannot
 # build or run counts as failed, never as nothing. The exit status is non-zero when
 # anything failed.
 #
-#   ONLY=package|unit|fuzz|sql|regress|isolation|tap (comma-separated) runs a part;
+#   ONLY=package|unit|fuzz|style|sql|regress|isolation|tap (comma-separated) runs a part;
 #        package is META.json and the DESTDIR install; unit is the two ctest runs and
 #        fuzz (no PostgreSQL needed, so no PGXS build); sql is regress, isolation
 #        and tap.
@@ -39,7 +41,6 @@ chmod 755 "$work"
 passed=0
 failed=0
 finished=no
-port=
 
 # ---------------------------------------------------------------------------------
 # Counting and the final line
@@ -150,8 +151,8 @@ check_only() {
   local item
   for item in ${ONLY//,/ }; do
     case $item in
-      all | package | unit | fuzz | sql | regress | isolation | tap) ;;
-      *) stage_failed "ONLY=$ONLY: '$item' is none of package, unit, fuzz, sql, regress, isolation, tap"
+      all | package | unit | fuzz | style | sql | regress | isolation | tap) ;;
+      *) stage_failed "ONLY=$ONLY: '$item' is none of package, unit, fuzz, style, sql, regress, isolation, tap"
          finished=yes
          exit 2 ;;
     esac
@@ -304,19 +305,16 @@ check_destdir_install() {
   if [ "$missing" = 0 ]; then count 1 0; else stage_failed "make install DESTDIR=... left files out"; fi
 }
 
-# The cluster for pg_regress and the isolation specs. The library is preloaded (when
-# installed) with its reaper switched off, so the output does not depend on when the
-# worker runs; test/t/003_worker.pl tests the worker running.
-start_test_cluster() {
-  local settings=("max_prepared_transactions = 10" "idempotency.reaper_enabled = off")
-  if library_installed; then
-    settings+=("shared_preload_libraries = 'idempotency'")
+# make_check NAME TARGET: one `make TARGET` (format-check, lint), one pass or failure.
+make_check() {
+  say "style: make $2"
+  if make -s --no-print-directory -C "$work/src" "$2" PG_CONFIG="$PG_CONFIG" >"$work/$2.log" 2>&1; then
+    echo "clean"
+    count 1 0
   else
-    echo "!! the library is not installed: not preloading it" >&2
+    tail -n 60 "$work/$2.log"
+    stage_failed "make $2 ($1)"
   fi
-  start_cluster_on_free_port "$work/cluster" "${settings[@]}" || return 1
-  port=$CLUSTER_PORT
-  echo "a throwaway cluster runs on 127.0.0.1:$port"
 }
 
 # installcheck LOG TIMEOUT [MAKE VARIABLE=VALUE...]: `make installcheck` as postgres in
@@ -325,27 +323,27 @@ installcheck() {
   local log=$1 limit=$2
   shift 2
   (cd "$work/src" &&
-   runuser -u postgres -- env PGHOST=127.0.0.1 PGPORT="$port" PGUSER=postgres \
-     timeout -k 30 "$limit" make -s --no-print-directory installcheck PG_CONFIG="$PG_CONFIG" "$@") \
+   runuser -u postgres -- timeout -k 30 "$limit" \
+     make -s --no-print-directory installcheck PG_CONFIG="$PG_CONFIG" "$@") \
     2>&1 | tee "$log"
 }
 
-# Crashes, assertion failures and PANICs in the test cluster's log, if any (the tests'
-# own ERRORs are expected and not shown).
+# Crashes, assertion failures and PANICs in a temporary instance's log (LOG), if any
+# (the tests' own ERRORs are expected and not shown).
 server_trouble() {
-  local log=$work/cluster/server.log
+  local log=$1
   if grep -qE 'PANIC|TRAP:|terminated by signal|was terminated by|FATAL' "$log" 2>/dev/null; then
-    say "the test cluster's log: crashes and fatal errors"
+    say "the temporary instance's log: crashes and fatal errors"
     grep -E -B 2 -A 4 'PANIC|TRAP:|terminated by signal|was terminated by|FATAL' "$log" | tail -n 80
   fi
 }
 
-# run_pg_regress NAME VARIABLE TIMEOUT DIFFS [MAKE VARIABLE=VALUE...]: pg_regress or
+# run_pg_regress NAME VARIABLE TIMEOUT DIFFS SERVERLOG [MAKE VARIABLE=VALUE...]: pg_regress or
 # pg_isolation_regress for the tests the Makefile lists in VARIABLE, the other kinds
 # switched off. A test that printed no result counts as failed.
 run_pg_regress() {
-  local name=$1 variable=$2 limit=$3 diffs=$4
-  shift 4
+  local name=$1 variable=$2 limit=$3 diffs=$4 server_log=$5
+  shift 5
   say "$name ($variable in the Makefile)"
   local expected status=0 log=$work/$name.log ok bad missing
   expected=$(make_var "$variable" | wc -w)
@@ -364,7 +362,7 @@ run_pg_regress() {
       say "$name: $diffs"
       head -n 3000 "$diffs"
     fi
-    server_trouble
+    server_trouble "$server_log"
   fi
 }
 
@@ -416,7 +414,8 @@ if selected package package; then
 fi
 
 built=yes
-if selected package package || selected regress sql || selected isolation sql || selected tap sql; then
+if selected package package || selected style style || selected regress sql ||
+   selected isolation sql || selected tap sql; then
   build_extension || built=no
 fi
 if selected package package; then
@@ -430,6 +429,14 @@ fi
 if selected fuzz unit; then
   run_fuzzers
 fi
+if selected style style; then
+  make_check "the C++ is not formatted as .clang-format says: run make format" format-check
+  if [ "$built" = yes ]; then
+    make_check "clang-tidy found problems (.clang-tidy)" lint
+  else
+    stage_failed "no lint: the extension did not build"
+  fi
+fi
 
 if selected regress sql || selected isolation sql || selected tap sql; then
   if [ "$built" = no ]; then
@@ -438,21 +445,14 @@ if selected regress sql || selected isolation sql || selected tap sql; then
     # TAP tests start clusters, which must not run as root, and pg_regress writes
     # its results into the source tree.
     chown -R postgres: "$work/src"
-    if selected regress sql || selected isolation sql; then
-      say "throwaway cluster"
-      if start_test_cluster; then
-        if selected regress sql; then
-          run_pg_regress regress REGRESS "$REGRESS_TIMEOUT" "$work/src/regression.diffs" \
-            ISOLATION= TAP_TESTS=
-        fi
-        if selected isolation sql; then
-          run_pg_regress isolation ISOLATION "$ISOLATION_TIMEOUT" \
-            "$work/src/output_iso/regression.diffs" REGRESS= TAP_TESTS=
-        fi
-        stop_cluster "$work/cluster"
-      else
-        stage_failed "the cluster for pg_regress and the isolation tests did not start"
-      fi
+    if selected regress sql; then
+      run_pg_regress regress REGRESS "$REGRESS_TIMEOUT" "$work/src/regression.diffs" \
+        "$work/src/tmp_check_regress/log/postmaster.log" ISOLATION= TAP_TESTS=
+    fi
+    if selected isolation sql; then
+      run_pg_regress isolation ISOLATION "$ISOLATION_TIMEOUT" \
+        "$work/src/output_iso/regression.diffs" "$work/src/tmp_check_iso/log/postmaster.log" \
+        REGRESS= TAP_TESTS=
     fi
     if selected tap sql; then
       run_tap_tests
