@@ -23,6 +23,8 @@ struct ClaimRequest {
   TimestampTz deadline;
 };
 
+static_assert(std::is_trivially_destructible_v<ClaimRequest>);
+
 // The claim's terms: its fingerprint, and its window and lease computed from now.
 static ClaimTerms claim_terms(std::optional<Fingerprint> fingerprint, Interval* ttl,
                               Interval* lease, TimestampTz now) {

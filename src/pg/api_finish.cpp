@@ -24,6 +24,8 @@ struct FinishRequest {
   Opaque point;  // idem_checkpoint
 };
 
+static_assert(std::is_trivially_destructible_v<FinishRequest>);
+
 // The row that finishing `probe` leaves; a release leaves none.
 static StoredRow finished_row(const FinishRequest& request, const Probe& probe, TimestampTz now) {
   const StoredRow& claim = probe.view;

@@ -125,7 +125,7 @@ void raise_claim_lost(const Identity& id, const Probe& probe, std::optional<int3
   ereport(ERROR, errcode(ERRCODE_IDEM_CLAIM_LOST),
           errmsg("claim on idempotency key \"%s\" in scope \"%s\" was lost", key_text(id),
                  text_to_cstring(id.scope)),
-          errdetail_internal("%s", detail));
+          errdetail("%s", detail));
 }
 
 void raise_not_claimed(const Identity& id) {

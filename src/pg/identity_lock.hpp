@@ -4,6 +4,8 @@
 // written, instead of writing a pending row first.
 #pragma once
 
+#include <type_traits>
+
 #include "pg/key_row.hpp"
 #include "pg/store.hpp"
 
@@ -17,6 +19,8 @@ namespace idempotency {
 struct IdentityLock {
   LOCKTAG tag;  // an advisory lock tag of its own kind (objsubid 3)
 };
+
+static_assert(std::is_trivially_destructible_v<IdentityLock>);
 
 // The lock of `id`, its tag a hash keyed with the store's secret (store_lock_secret).
 IdentityLock identity_lock(const Identity& id, const LockSecret& secret);

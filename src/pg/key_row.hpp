@@ -3,6 +3,8 @@
 // values into the data the state machine (src/core/key_state.hpp) decides on.
 #pragma once
 
+#include <type_traits>
+
 #include "core/key_state.hpp"
 #include "pg/postgres.hpp"
 
@@ -68,6 +70,11 @@ void read_row(const KeyRow& row, StoredRow* view);
 void write_row(const StoredRow& next, KeyRow* row);
 // A copy of `row` whose values live in `context`.
 KeyRow* copy_row_into(const KeyRow& row, MemoryContext context);
+
+// Kept on the glue's stack across calls that can ereport: no destructor to skip.
+static_assert(std::is_trivially_destructible_v<KeyRow>);
+static_assert(std::is_trivially_destructible_v<Identity>);
+static_assert(std::is_trivially_destructible_v<StoredRow>);
 
 // Handles of SQL values for the core, and back.
 inline Opaque opaque(Datum value) { return static_cast<Opaque>(value); }

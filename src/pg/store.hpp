@@ -3,6 +3,8 @@
 // src/core/key_state.hpp, asked by the driver (claims and finishes) and the reaper.
 #pragma once
 
+#include <type_traits>
+
 #include "core/key_state.hpp"
 #include "pg/key_row.hpp"
 #include "pg/postgres.hpp"
@@ -41,6 +43,8 @@ struct Probe {
   KeyRow row;            // copied into the caller's memory context
   StoredRow view;        // the same row for the decision functions
 };
+
+static_assert(std::is_trivially_destructible_v<KeyStore>);
 
 // Opens the store for reading (idem_lookup) or writing.
 void store_open(KeyStore* store, bool for_write);

@@ -77,7 +77,7 @@ static void check_layout(Oid heap) {
   if (problem != nullptr)
     ereport(ERROR, errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
             errmsg("idempotency.keys does not have the columns this library expects"),
-            errdetail_internal("%s", problem),
+            errdetail("%s", problem),
             errhint("Install the idempotency library that matches the extension's version, "
                     "then run ALTER EXTENSION idempotency UPDATE."));
 }
