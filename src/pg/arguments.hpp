@@ -36,10 +36,10 @@ void check_stored_size(Datum value, const char* what);
 TimestampTz plus(TimestampTz t, Interval* span);
 Interval* micros_interval(int64 micros);
 
-void raise_in_progress(const Identity& id) pg_attribute_noreturn();
-void raise_claim_lost(const Identity& id, const Probe& probe, std::optional<int32_t> attempt)
-    pg_attribute_noreturn();
-void raise_not_claimed(const Identity& id) pg_attribute_noreturn();
-void raise_mismatch(const Identity& id) pg_attribute_noreturn();
+[[noreturn]] void raise_in_progress(const Identity& id);
+[[noreturn]] void raise_claim_lost(const Identity& id, const Probe& probe,
+                                   std::optional<int32_t> attempt);
+[[noreturn]] void raise_not_claimed(const Identity& id);
+[[noreturn]] void raise_mismatch(const Identity& id);
 
 }  // namespace idempotency

@@ -32,7 +32,7 @@ struct PendingError {
   char message[256] = {};
 };
 
-void raise_pending(const PendingError& error) pg_attribute_noreturn();
+[[noreturn]] void raise_pending(const PendingError& error);
 
 // Runs fn(); turns a C++ exception escaping it into an ERROR with a SQLSTATE: an
 // Error carries its own, std::invalid_argument is bad input (22023), std::bad_alloc

@@ -5,4 +5,7 @@ extern "C" {
 #include "postgres.h"
 
 #include "fmgr.h"
+#if PG_VERSION_NUM >= 160000
+#include "varatt.h"  // VARDATA and friends left postgres.h in 16
+#endif
 }

@@ -3,6 +3,7 @@
 // extension is not installed there, else runs one pass in batches of short
 // transactions (src/pg/reaper_pass decides row by row) and exits: no connection
 // outlives its pass. Also the pass of idem_reap, in the caller's transaction.
+#include "pg/compat.hpp"
 #include "pg/errors.hpp"
 #include "pg/guc.hpp"
 #include "pg/reaper_pass.hpp"
@@ -24,7 +25,6 @@ extern "C" {
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
-#include "storage/backendid.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/lwlock.h"
@@ -62,7 +62,7 @@ static int64 sweep_once(Sweep sweep, int64 max_rows, ReapPosition* position) {
 static bool clients_running() {
   int backends = pgstat_fetch_stat_numbackends();
   for (int i = 1; i <= backends; i++) {
-    LocalPgBackendStatus* local = pgstat_fetch_stat_local_beentry(i);
+    LocalPgBackendStatus* local = compat::local_backend_status(i);
     if (local == nullptr) continue;
     const PgBackendStatus& backend = local->backendStatus;
     if (backend.st_backendType == B_BACKEND && backend.st_procpid != MyProcPid &&

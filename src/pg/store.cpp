@@ -3,6 +3,7 @@
 // give up after `wait` without aborting its transaction.
 #include "pg/store.hpp"
 
+#include "pg/compat.hpp"
 #include "pg/store_catalog.hpp"
 
 #include <optional>
@@ -143,7 +144,7 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
   // A dirty read scans every version and judges each itself, so that it can follow
   // the ones an update moved away.
   IndexScanDesc scan =
-      index_beginscan(store->heap, store->index, dirty_read ? SnapshotAny : snapshot, 3, 0);
+      compat::index_beginscan(store->heap, store->index, dirty_read ? SnapshotAny : snapshot, 3);
   index_rescan(scan, keys, 3, nullptr, 0);
   TupleTableSlot* slot = store->read_slot;
   // At most one version of an identity is committed and live. A dirty read may also
@@ -225,8 +226,8 @@ bool store_insert(KeyStore* store, KeyRow* row) {
   uint32 token = SpeculativeInsertionLockAcquire(xid);
   table_tuple_insert_speculative(store->heap, slot, GetCurrentCommandId(true), 0, nullptr, token);
   bool conflict = false;
-  list_free(ExecInsertIndexTuples(store->result_rel, slot, store->estate, false, true, &conflict,
-                                  store->arbiters));
+  list_free(compat::insert_index_tuples(store->result_rel, slot, store->estate, false, true,
+                                        &conflict, store->arbiters, false));
   table_tuple_complete_speculative(store->heap, slot, token, !conflict);
   SpeculativeInsertionLockRelease(xid);
   ResetPerTupleExprContext(store->estate);
@@ -253,17 +254,16 @@ static WriteResult write_result(TM_Result result, const TM_FailureData& failure,
 WriteResult store_update(KeyStore* store, ItemPointer tid, KeyRow* row, TransactionId* writer) {
   TupleTableSlot* slot = store_row_in_slot(store, row);
   TM_FailureData failure;
-  LockTupleMode lock_mode;
-  bool update_indexes = false;
+  compat::IndexUpdate indexes;
   TM_Result result =
-      table_tuple_update(store->heap, tid, slot, GetCurrentCommandId(true), InvalidSnapshot,
-                         InvalidSnapshot, false, &failure, &lock_mode, &update_indexes);
+      compat::tuple_update(store->heap, tid, slot, GetCurrentCommandId(true), &failure, &indexes);
   if (result == TM_Ok) {
     store->wrote = true;
-    if (update_indexes) {
+    if (indexes != compat::IndexUpdate::kNone) {
       ensure_executor(store);
-      list_free(
-          ExecInsertIndexTuples(store->result_rel, slot, store->estate, true, false, nullptr, NIL));
+      list_free(compat::insert_index_tuples(store->result_rel, slot, store->estate, true, false,
+                                            nullptr, NIL,
+                                            indexes == compat::IndexUpdate::kSummarizing));
       ResetPerTupleExprContext(store->estate);
     }
   }

@@ -2,6 +2,7 @@
 // find rows and hand each to a visitor, which decides (with the core) what to do.
 #include "pg/store.hpp"
 
+#include "pg/compat.hpp"
 #include "pg/store_catalog.hpp"
 
 #include <optional>
@@ -94,7 +95,7 @@ static int64 scan_index_range(KeyStore* store, Relation index, Snapshot snapshot
                 TimestampTzGetDatum(*from));
   ScanKeyInit(&keys[nkeys++], column, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE,
               TimestampTzGetDatum(bound));
-  IndexScanDesc scan = index_beginscan(store->heap, index, snapshot, nkeys, 0);
+  IndexScanDesc scan = compat::index_beginscan(store->heap, index, snapshot, nkeys);
   index_rescan(scan, keys, nkeys, nullptr, 0);
   int64 counted = visit_rows(store, next_in(scan), max_rows, visit, context,
                              [&](const StoredRow& view) { *from = view.expires_at; });
@@ -130,7 +131,7 @@ int64 store_scan_lease_ends(KeyStore* store, Snapshot snapshot, TimestampTz now,
 Oid store_next_role(KeyStore* store, Snapshot snapshot, Oid after) {
   ScanKeyData key;
   ScanKeyInit(&key, 1, BTGreaterStrategyNumber, F_OIDGT, ObjectIdGetDatum(after));
-  IndexScanDesc scan = index_beginscan(store->heap, store->index, snapshot, 1, 0);
+  IndexScanDesc scan = compat::index_beginscan(store->heap, store->index, snapshot, 1);
   index_rescan(scan, &key, 1, nullptr, 0);
   Oid role = InvalidOid;
   if (index_getnext_slot(scan, ForwardScanDirection, store->read_slot)) {
@@ -146,7 +147,7 @@ static int64 scan_role(KeyStore* store, Relation index, Snapshot snapshot, Oid r
                        RowVisitor visit, void* context) {
   ScanKeyData key;
   ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(role));
-  IndexScanDesc scan = index_beginscan(store->heap, index, snapshot, 1, 0);
+  IndexScanDesc scan = compat::index_beginscan(store->heap, index, snapshot, 1);
   index_rescan(scan, &key, 1, nullptr, 0);
   int64 counted =
       visit_rows(store, next_in(scan), max_rows, visit, context, [](const StoredRow&) {});

@@ -2,6 +2,7 @@
 // CREATE DATABASE ... TEMPLATE need the database to themselves, and only autovacuum
 // workers are asked to leave by PostgreSQL; so the hook pauses the database (no new
 // reaper) and stops its reaper first, once the command's permission checks would pass.
+#include "pg/compat.hpp"
 #include "pg/errors.hpp"
 #include "pg/worker.hpp"
 #include "pg/worker_state.hpp"
@@ -21,7 +22,6 @@ extern "C" {
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
-#include "storage/backendid.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
 #include "storage/lwlock.h"
@@ -65,7 +65,7 @@ static bool command_will_wait(Form_pg_database database, Use use, const char* ar
     case Use::kMove: {
       Oid tablespace = get_tablespace_oid(argument, true);
       return owner && OidIsValid(tablespace) && tablespace != database->dattablespace &&
-             pg_tablespace_aclcheck(tablespace, user, ACL_CREATE) == ACLCHECK_OK;
+             compat::may_create_in_tablespace(tablespace, user);
     }
     case Use::kCopy:
       return have_createdb_privilege() && (database->datistemplate || owner) &&

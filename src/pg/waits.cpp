@@ -1,5 +1,7 @@
 #include "pg/waits.hpp"
 
+#include "pg/compat.hpp"
+
 extern "C" {
 #include "miscadmin.h"
 #include "storage/latch.h"
@@ -30,7 +32,7 @@ bool sleep_before_retry(long* sleep_us, TimestampTz deadline) {
 bool wait_for_writer(TransactionId writer, TimestampTz deadline) {
   long sleep_us = 50;
   for (;;) {
-    if (TransactionIdIsValid(writer) && ConditionalXactLockTableWait(writer)) return true;
+    if (TransactionIdIsValid(writer) && compat::conditional_xact_lock_wait(writer)) return true;
     if (!sleep_before_retry(&sleep_us, deadline)) return false;
     // Only a row lock without an updater leaves no xid to wait for: probe again.
     if (!TransactionIdIsValid(writer)) return true;

@@ -1,5 +1,7 @@
 #include "pg/worker_state.hpp"
 
+#include "pg/compat.hpp"
+
 #include <csignal>
 
 extern "C" {
@@ -29,7 +31,7 @@ struct SharedState {
   pid_t launcher_pid;
   int unserved;  // workers turned away by a full table, for the launcher to report
   DatabaseState databases[kMaxDatabases];
-  // The database each backend's command needs to itself, by MyBackendId - 1: one
+  // The database each backend's command needs to itself, by backend slot: one
   // slot per backend, so that a pause can always be recorded.
   Oid paused[FLEXIBLE_ARRAY_MEMBER];
 };
@@ -159,9 +161,10 @@ void report_unserved(TimestampTz now) {
 
 // This backend's pause slot.
 Oid& own_pause() {
-  if (MyBackendId < 1 || MyBackendId > MaxBackends)
-    elog(ERROR, "backend id %d out of range for the idempotency reaper", MyBackendId);
-  return shared->paused[MyBackendId - 1];
+  int slot = compat::backend_slot();
+  if (slot < 0 || slot >= MaxBackends)
+    elog(ERROR, "backend slot %d out of range for the idempotency reaper", slot);
+  return shared->paused[slot];
 }
 
 // Pauses `database` and stops its worker. The command itself waits a few seconds

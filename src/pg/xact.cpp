@@ -178,7 +178,7 @@ static void forget_claims() {
   held_count = unwritten_count = 0;  // the transaction's end releases the identity locks
 }
 
-static void raise_not_finished(const Identity& id) pg_attribute_noreturn();
+[[noreturn]] static void raise_not_finished(const Identity& id);
 static void raise_not_finished(const Identity& id) {
   ereport(ERROR, errcode(ERRCODE_IDEM_CLAIM_NOT_FINISHED),
           errmsg("idempotency key \"%s\" in scope \"%s\" was claimed but not finished",
