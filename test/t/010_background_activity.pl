@@ -4,7 +4,7 @@
 # call must absorb: a regression test for claims failing with "could not open
 # relation with OID 0" (the store's cached OIDs cleared under a reference while the
 # table was being opened). No error of any kind is allowed; then the load's exact
-# invariants.
+# invariants and amcheck.
 #
 # Longer by hand: IDEM_BACKGROUND_SECONDS=60 IDEM_LOAD_CLIENTS=16 IDEM_LOAD_KEYS=50000
 use strict;
@@ -16,6 +16,7 @@ use Test::More;
 use FindBin;
 use lib "$FindBin::RealBin/lib";
 use IdemLoad;
+use IdemCheck;
 
 my $seconds = $ENV{IDEM_BACKGROUND_SECONDS} // 15;
 my $clients = $ENV{IDEM_LOAD_CLIENTS} // 8;
@@ -89,6 +90,7 @@ is(scalar @errors, 0, 'no error in the server log during the load') or diag(join
 
 IdemLoad::check_invariants($node, $keys, 'background');
 IdemLoad::check_once_invariants($node, 'background');
+IdemCheck::amcheck_keys($node, 'background');
 
 $node->stop;
 done_testing();
