@@ -10,6 +10,7 @@ use Test::More;
 use FindBin;
 use lib "$FindBin::RealBin/lib";
 use IdemLoad;
+use IdemCheck;
 
 my $clients = $ENV{IDEM_LOAD_CLIENTS} // 16;
 my $transactions = $ENV{IDEM_LOAD_TRANSACTIONS} // 300;
@@ -97,6 +98,9 @@ is($node->safe_psql('postgres', q{
 		SELECT count(*) FROM generate_series(1, 100000) g
 		WHERE idem_once('inbox', ('m-' || g)::idem_key)}),
 	'0', 'and skips all of them when redelivered');
+
+# The indexes after all of it: the load, the hot-key races and the batches.
+IdemCheck::amcheck_keys($node, 'after the loads');
 
 $node->stop;
 done_testing();

@@ -7,6 +7,9 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use IPC::Run;
+use FindBin;
+use lib "$FindBin::RealBin/lib";
+use IdemCheck;
 
 my $node = PostgreSQL::Test::Cluster->new('crash');
 $node->init;
@@ -70,6 +73,10 @@ is($node->safe_psql('postgres', q{
 	WHERE b.key LIKE 'key-%'
 	  AND (c.outcome <> 'replay' OR c.response::text <> jsonb_build_object('amount', b.amount)::text)}),
 	'0', 'every completed key replays its stored response');
+
+# WAL replay rebuilt the indexes as they were at the crash: they must still agree
+# with the table.
+IdemCheck::amcheck_keys($node, 'after crash recovery');
 
 $node->stop;
 done_testing();
