@@ -111,7 +111,9 @@ _pgv_step() {
   fi
 }
 
-# pg_prefix VERSION: prints the prefix of an installed PostgreSQL VERSION.
+# pg_prefix VERSION: prints the prefix of an installed PostgreSQL VERSION. Returns 2
+# when the archive does not serve its source (and no copy was placed by hand), 1 when
+# anything else failed.
 pg_prefix() {
   local v=${1:-} suite line sha key tarball prefix status
   if [ "$v" = 15 ]; then
@@ -148,7 +150,7 @@ pg_prefix() {
     elif [ "$status" = 3 ]; then
       echo "pg_prefix: the archive does not serve $tarball; a copy of it placed in" \
         "$PGV_CACHE/src/ is used instead (its sha256 must be $sha)" >&2
-      return 1
+      return 2  # unavailable here, as opposed to a build that failed
     fi
     [ "$status" = 0 ] || return 1
   fi

@@ -9,10 +9,11 @@
 #      libFuzzer targets for FUZZ_SECONDS each (default 30; 0 skips them);
 #   4. `make format-check` and `make lint` (clang-format, clang-tidy), one pass or
 #      failure each;
-#   5. from a copy of the repository owned by the postgres OS user, `make installcheck`
-#      three times: pg_regress (REGRESS) and the isolation specs (ISOLATION), each on a
-#      temporary instance of its own (test/regress.conf), then the TAP tests
-#      (TAP_TESTS), which start clusters of their own.
+#   5. for each PostgreSQL version of PG_VERSIONS, the extension built and installed
+#      against it, and from a copy of the repository owned by the postgres OS user,
+#      `make installcheck` three times: pg_regress (REGRESS) and the isolation specs
+#      (ISOLATION), each on a temporary instance of its own (test/regress.conf), then
+#      the TAP tests (TAP_TESTS), which start clusters of their own; a line per version.
 #
 # It ends with exactly one line "N passed, N failed", counting ctest tests, fuzz
 # targets, pg_regress and isolation tests, and TAP assertions; a stage that cannot
@@ -23,13 +24,18 @@
 #        package is META.json and the DESTDIR install; unit is the two ctest runs and
 #        fuzz (no PostgreSQL needed, so no PGXS build); sql is regress, isolation
 #        and tap.
+#   PG_VERSIONS=15,18  the PostgreSQL versions the SQL, isolation and TAP tests run on
+#                      (default 15,17,18,19; 17 and up are built once from Debian's
+#                      source packages and cached, see scripts/pg_versions.sh).
 #   FUZZ_SECONDS=600   fuzzes longer.
 #   KEEP=1             keeps the temporary directory (logs, build trees) for a look.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
+. scripts/pg_versions.sh
 
 ONLY=${ONLY:-all}
+PG_VERSIONS=${PG_VERSIONS:-15,17,18,19}
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
 # Upper bounds, so that a hung test ends with a count instead of a killed CI job.
 REGRESS_TIMEOUT=${REGRESS_TIMEOUT:-900}
@@ -323,7 +329,7 @@ installcheck() {
   local log=$1 limit=$2
   shift 2
   (cd "$work/src" &&
-   runuser -u postgres -- timeout -k 30 "$limit" \
+   runuser -u postgres -- env IDEM_OLD_INSTALL="${IDEM_OLD_INSTALL:-}" timeout -k 30 "$limit" \
      make -s --no-print-directory installcheck PG_CONFIG="$PG_CONFIG" "$@") \
     2>&1 | tee "$log"
 }
@@ -438,9 +444,29 @@ if selected style style; then
   fi
 fi
 
-if selected regress sql || selected isolation sql || selected tap sql; then
-  if [ "$built" = no ]; then
-    stage_failed "SQL, isolation and TAP tests not run: the extension did not build"
+# test_version VERSION: builds the extension against that PostgreSQL, installs it
+# there, and runs pg_regress, the isolation specs and the TAP tests; prints the
+# version's own line. 15 is Debian's; 17, 18 and 19 are built from Debian's source
+# packages (scripts/pg_versions.sh, cached). 19, the release candidate, is skipped
+# with a line saying so when the archive does not serve its source.
+test_version() {
+  local version=$1 prefix status=0 before_passed=$passed before_failed=$failed
+  say "PostgreSQL $version"
+  prefix=$(pg_prefix "$version") || status=$?
+  if [ "$status" = 2 ] && [ "$version" = 19 ]; then
+    version_lines+=("PostgreSQL 19: not tested: the Debian archive does not serve its source")
+    return
+  fi
+  if [ "$status" != 0 ]; then
+    stage_failed "PostgreSQL $version could not be built or found"
+    version_lines+=("PostgreSQL $version: 0 passed, 1 failed (not built)")
+    return
+  fi
+  PG_CONFIG=$prefix/bin/pg_config
+  "$PG_CONFIG" --version
+  make -s -C "$work/src" clean PG_CONFIG="$PG_CONFIG" >/dev/null 2>&1 || true
+  if ! build_extension; then
+    stage_failed "SQL, isolation and TAP tests not run on $version: the extension did not build"
   else
     # TAP tests start clusters, which must not run as root, and pg_regress writes
     # its results into the source tree.
@@ -455,9 +481,21 @@ if selected regress sql || selected isolation sql || selected tap sql; then
         REGRESS= TAP_TESTS=
     fi
     if selected tap sql; then
-      run_tap_tests
+      # 014_dump_across_versions dumps a database of Debian's 15 into this version.
+      IDEM_OLD_INSTALL=$(pg_prefix 15) run_tap_tests
     fi
   fi
+  version_lines+=("PostgreSQL $version ($("$PG_CONFIG" --version)): $((passed - before_passed)) passed, $((failed - before_failed)) failed")
+  PG_CONFIG=$PG_BIN/pg_config
+}
+
+if selected regress sql || selected isolation sql || selected tap sql; then
+  version_lines=()
+  for version in ${PG_VERSIONS//,/ }; do
+    test_version "$version"
+  done
+  say "per version"
+  printf '%s\n' "${version_lines[@]}"
 fi
 
 finished=yes

@@ -1,5 +1,5 @@
 // libFuzzer target: canonical_json either refuses its input with
-// Error or returns text that is valid and its own canonical form.
+// idempotency::Error or returns text that is valid and its own canonical form.
 // Any other exception, a crash or a sanitizer report is a finding.
 #include <cstddef>
 #include <cstdint>
@@ -16,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::string canonical;
   try {
     canonical = idempotency::canonical_json(text);
-  } catch (const Error&) {
+  } catch (const idempotency::Error&) {
     return 0;
   }
   // Only expanded exponents make the text longer.
@@ -24,7 +24,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::string again;
   try {
     again = idempotency::canonical_json(canonical);
-  } catch (const Error&) {
+  } catch (const idempotency::Error&) {
     std::abort();  // the output must parse
   }
   if (again != canonical) std::abort();
