@@ -70,17 +70,19 @@ bool is_abandoned(const StoredRow& row, Micros now) noexcept;
 // ---------------------------------------------------------------------------
 
 enum class ClaimAction {
-  kInsert,          // rule 1: no row: claim as attempt 1
-  kReplaceExpired,  // rule 1: the row expired: claim afresh over it
-  kWait,            // rule 4: another transaction is writing the row
-  kMismatch,        // rule 2: IK001
-  kReplay,          // rule 3
-  kInProgress,      // rule 5: a live lease holds it
-  kTakeOver,        // rule 6: abandoned or stale: attempt + 1
-  kDuplicate,       // rule 7: this transaction already holds it
+  kInsert,          // free (rule 1): no row: claim as attempt 1
+  kReplaceExpired,  // free (rule 1): the row expired: claim afresh over it
+  kWait,            // writer in progress (rule 4): wait for it, look again
+  kMismatch,        // fingerprint mismatch (rule 2): IK001
+  kReplay,          // finished (rule 3): replay
+  kInProgress,      // live lease (rule 5): in_progress
+  kTakeOver,        // takeover (rule 6): abandoned or stale: attempt + 1
+  kDuplicate,       // own claim (rule 7): this transaction already holds it
 };
 
-// Rules in the SPEC's order 7, 4, 1, 2, 3, 5, 6. `row` is null when none exists.
+// The rules in their order: own claim, writer in progress, free, fingerprint
+// mismatch, finished, live lease, takeover (the contract's 7, 4, 1, 2, 3, 5, 6; see
+// docs/reference.md). `row` is null when none exists.
 ClaimAction decide_claim(const StoredRow* row, std::optional<std::string_view> fingerprint,
                          Micros now) noexcept;
 
