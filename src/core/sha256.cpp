@@ -15,18 +15,34 @@ struct ContextDeleter {
 };
 using Context = std::unique_ptr<EVP_MD_CTX, ContextDeleter>;
 
-Digest digest_of(std::initializer_list<std::string_view> parts) {
-  Context context(EVP_MD_CTX_new());
-  if (!context || EVP_DigestInit_ex(context.get(), EVP_sha256(), nullptr) != 1)
-    throw std::runtime_error("OpenSSL could not start a SHA-256 digest");
-  for (std::string_view part : parts)
-    if (EVP_DigestUpdate(context.get(), part.data(), part.size()) != 1)
+// One SHA-256 digest, fed piece by piece.
+class Sha256 {
+ public:
+  Sha256() : context_(EVP_MD_CTX_new()) {
+    if (!context_ || EVP_DigestInit_ex(context_.get(), EVP_sha256(), nullptr) != 1)
+      throw std::runtime_error("OpenSSL could not start a SHA-256 digest");
+  }
+  Sha256& update(std::string_view part) {
+    if (EVP_DigestUpdate(context_.get(), part.data(), part.size()) != 1)
       throw std::runtime_error("OpenSSL could not update a SHA-256 digest");
-  Digest digest;
-  unsigned int length = 0;
-  if (EVP_DigestFinal_ex(context.get(), digest.data(), &length) != 1 || length != digest.size())
-    throw std::runtime_error("OpenSSL could not finish a SHA-256 digest");
-  return digest;
+    return *this;
+  }
+  Digest finish() {
+    Digest digest;
+    unsigned int length = 0;
+    if (EVP_DigestFinal_ex(context_.get(), digest.data(), &length) != 1 || length != digest.size())
+      throw std::runtime_error("OpenSSL could not finish a SHA-256 digest");
+    return digest;
+  }
+
+ private:
+  Context context_;
+};
+
+Digest digest_of(std::initializer_list<std::string_view> parts) {
+  Sha256 sha;
+  for (std::string_view part : parts) sha.update(part);
+  return sha.finish();
 }
 
 }  // namespace
@@ -42,17 +58,10 @@ Digest hmac_sha256(std::string_view key, std::initializer_list<std::string_view>
     inner[i] = static_cast<char>(k ^ 0x36);
     outer[i] = static_cast<char>(k ^ 0x5c);
   }
-  Context context(EVP_MD_CTX_new());
-  if (!context || EVP_DigestInit_ex(context.get(), EVP_sha256(), nullptr) != 1 ||
-      EVP_DigestUpdate(context.get(), inner.data(), kBlock) != 1)
-    throw std::runtime_error("OpenSSL could not start a SHA-256 digest");
-  for (std::string_view part : parts)
-    if (EVP_DigestUpdate(context.get(), part.data(), part.size()) != 1)
-      throw std::runtime_error("OpenSSL could not update a SHA-256 digest");
-  Digest inner_digest;
-  unsigned int length = 0;
-  if (EVP_DigestFinal_ex(context.get(), inner_digest.data(), &length) != 1)
-    throw std::runtime_error("OpenSSL could not finish a SHA-256 digest");
+  Sha256 inner_sha;
+  inner_sha.update(std::string_view(inner.data(), kBlock));
+  for (std::string_view part : parts) inner_sha.update(part);
+  Digest inner_digest = inner_sha.finish();
   return digest_of(
       {std::string_view(outer.data(), kBlock),
        std::string_view(reinterpret_cast<const char*>(inner_digest.data()), inner_digest.size())});
