@@ -10,7 +10,7 @@ cd "$(dirname "$0")/../.."
 ROUNDS=${ROUNDS:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
 CLIENTS=${CLIENTS:-8}
-SCENARIOS=(bare plpgsql ext_new ext_replay ext_hot plpgsql_hot)
+SCENARIOS=(bare floor plpgsql ext_new ext_replay ext_hot plpgsql_hot)
 
 work=$(mktemp -d /tmp/idempotency-bench.XXXXXX)
 chmod 755 "$work"
@@ -57,11 +57,12 @@ done
 
 report=test/bench/results.md
 {
-  echo "| scenario | synchronous_commit | TPS median (min–max) | latency ms | × bare | × plpgsql | failed |"
-  echo "| --- | --- | --- | --- | --- | --- | --- |"
+  echo "| scenario | synchronous_commit | TPS median (min–max) | latency ms | × bare | × floor | × plpgsql | failed |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
   for sync in off on; do
     bare=$(awk 'NF { print $1 }' <<<"${results[$sync,bare]}" | median)
     plpgsql=$(awk 'NF { print $1 }' <<<"${results[$sync,plpgsql]}" | median)
+    floor=$(awk 'NF { print $1 }' <<<"${results[$sync,floor]}" | median)
     for scenario in "${SCENARIOS[@]}"; do
       rows=${results[$sync,$scenario]}
       tps=$(awk 'NF { print $1 }' <<<"$rows" | median)
@@ -69,7 +70,7 @@ report=test/bench/results.md
       high=$(awk 'NF { print $1 }' <<<"$rows" | sort -n | tail -1)
       latency=$(awk 'NF { print $2 }' <<<"$rows" | median)
       failed=$(awk 'NF { s += $3 } END { print s + 0 }' <<<"$rows")
-      echo "| $scenario | $sync | $tps ($low–$high) | $latency | $(awk -v a="$tps" -v b="$bare" 'BEGIN { printf "%.2f", a / b }') | $(awk -v a="$tps" -v b="$plpgsql" 'BEGIN { printf "%.2f", a / b }') | $failed |"
+      echo "| $scenario | $sync | $tps ($low–$high) | $latency | $(awk -v a="$tps" -v b="$bare" 'BEGIN { printf "%.2f", a / b }') | $(awk -v a="$tps" -v b="$floor" 'BEGIN { printf "%.2f", a / b }') | $(awk -v a="$tps" -v b="$plpgsql" 'BEGIN { printf "%.2f", a / b }') | $failed |"
       echo "$sync $scenario $tps" >>"$work/chart.dat"
     done
   done

@@ -52,6 +52,24 @@ BEGIN
   PERFORM plpgsql_complete('payments', p_key, result);
 END $$;
 
+-- floor: the business insert plus ONE plain INSERT of the key's finished row into a
+-- table whose only index is the primary key (scope, key): no conflict handling, no
+-- look-up, no state. Any table-backed key store pays at least this through SQL.
+CREATE TABLE floor_keys (
+  scope text NOT NULL, key text NOT NULL, fingerprint bytea NOT NULL, response jsonb,
+  expires_at timestamptz NOT NULL, PRIMARY KEY (scope, key));
+CREATE PROCEDURE floor_payment(p_key text, p_account bigint, p_amount numeric,
+                               INOUT result jsonb DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO payments(account, amount) VALUES (p_account, p_amount)
+    RETURNING jsonb_build_object('payment_id', id, 'amount', amount) INTO result;
+  INSERT INTO floor_keys(scope, key, fingerprint, response, expires_at)
+    VALUES ('payments', p_key,
+            sha256(convert_to(jsonb_build_object('account', p_account, 'amount', p_amount)::text, 'UTF8')),
+            result, now() + interval '24 hours');
+END $$;
+
 -- 3-5. the extension: the SPEC's procedure; in_progress returns instead of raising,
 -- so pgbench (which stops a client on an error) can run the hot-key case.
 CREATE PROCEDURE create_payment(p_key idem_key, p_account bigint, p_amount numeric,
