@@ -17,11 +17,12 @@ export LANG=C.UTF-8 LC_ALL=C.UTF-8
 # Everything the demo, the build and every kind of test need on Debian 12. clang and
 # libclang-rt-14-dev are for the libFuzzer targets; python3-psycopg(-pool) for the
 # HTTP example (examples/http) and its test; pgbouncer for the pooler test; sqlsmith
-# for the random-query test (test/t/011_sqlsmith.pl).
+# for the random-query test (test/t/011_sqlsmith.pl); nodejs for the fingerprint client
+# (examples/fingerprint).
 REQUIRED_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libssl-dev
                    g++ make cmake libgtest-dev libipc-run-perl perl clang libclang-rt-14-dev
                    python3 python3-psycopg python3-psycopg-pool pgbouncer sqlsmith git
-                   clang-format clang-tidy bear)
+                   clang-format clang-tidy bear nodejs)
 
 # A section banner.
 say() { printf '\n== %s\n' "$*"; }

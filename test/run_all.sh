@@ -216,6 +216,20 @@ run_ctest() {
   count "$ok" "$bad"
 }
 
+# The Node.js client of docs/fingerprint.md computes every published vector's digest
+# from its input: one pass, or one failure on any mismatch.
+run_client_vectors() {
+  say "unit: the Node.js fingerprint client against test/fingerprint_vectors.json"
+  if node examples/fingerprint/check_vectors.mjs test/fingerprint_vectors.json \
+       >"$work/client-vectors.log" 2>&1; then
+    tail -n 1 "$work/client-vectors.log"
+    count 1 0
+  else
+    tail -n 40 "$work/client-vectors.log"
+    stage_failed "examples/fingerprint disagrees with test/fingerprint_vectors.json"
+  fi
+}
+
 # Each libFuzzer target runs FUZZ_SECONDS from a copy of its committed corpus (with
 # test/fuzz/TARGET.dict when there is one); a crash or a broken property is one
 # failure, a clean run one pass.
@@ -431,6 +445,7 @@ fi
 if selected unit unit; then
   run_ctest plain "ctest"
   run_ctest sanitized "ctest under AddressSanitizer and UBSan" -DIDEM_SANITIZE=ON
+  run_client_vectors
 fi
 if selected fuzz unit; then
   run_fuzzers
