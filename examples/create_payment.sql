@@ -1,4 +1,4 @@
--- The SPEC's stored procedure, exactly as written there, with its business table.
+-- The contract's example procedure, exactly as written there, with its business table.
 -- Used by scripts/demo.sh and sql/claim.sql, and shown in the README.
 CREATE TABLE payments (id bigserial PRIMARY KEY, account bigint, amount numeric);
 

@@ -9,7 +9,7 @@ SELECT idem_fingerprint('hello'::text) = sha256('hello'::bytea) AS text_is_sha25
        idem_fingerprint('héllo'::text) = sha256(convert_to('héllo', 'UTF8')) AS text_is_utf8,
        length(idem_fingerprint('x'::text)) AS bytes;
 
--- jsonb hashes its canonical text (SPEC examples).
+-- jsonb hashes its canonical text (the examples of docs/fingerprint.md).
 SELECT idem_fingerprint('{"b":1,"a":[1.50,"x"]}'::jsonb)
          = sha256(convert_to('{"a":[1.5,"x"],"b":1}', 'UTF8')) AS sorted_and_trimmed,
        idem_fingerprint('1e3'::jsonb) = sha256(convert_to('1000', 'UTF8')) AS exponent,

@@ -1,4 +1,4 @@
--- The procedure behind examples/http/payments_service.py: the SPEC's create_payment
+-- The procedure behind examples/http/payments_service.py: the contract's create_payment
 -- (examples/create_payment.sql), except that it stores the whole HTTP response (status,
 -- Location, body), so that a retry gets the same status and headers, and that it returns
 -- the claim's outcome, the key's expiry and the time to wait, so that the service needs

@@ -1,6 +1,6 @@
-// The canonical JSON text that idem_fingerprint(jsonb) hashes (SPEC, "Reading,
-// deriving, fingerprints"): values equal under jsonb = get the same text, and a
-// client in any language can produce it.
+// The canonical JSON text that idem_fingerprint(jsonb) hashes, specified in
+// docs/fingerprint.md: values equal under jsonb = get the same text, and a client in
+// any language can produce it.
 #pragma once
 
 #include <cstddef>

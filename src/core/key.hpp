@@ -1,4 +1,4 @@
-// Validation of idem_key text and of scopes. Pure C++: the SPEC's rules only.
+// Validation of idem_key text and of scopes. Pure C++: the rules of docs/reference.md only.
 #pragma once
 
 #include <cstddef>

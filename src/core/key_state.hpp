@@ -1,7 +1,7 @@
 // A key's state machine, as pure functions: given the stored row as plain data, the
 // request and the clock, the decision (which rule applies) and the next row. No
 // PostgreSQL here: the glue converts a row to StoredRow, asks, and writes back what
-// it is given. Every rule of the SPEC is decided in this file's functions.
+// it is given. Every rule of docs/reference.md is decided in this file's functions.
 #pragma once
 
 #include <cstdint>

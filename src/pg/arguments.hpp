@@ -1,4 +1,4 @@
-// The arguments every key function shares, checked as the SPEC says (22004 for a
+// The arguments every key function shares, checked as docs/reference.md says (22004 for a
 // NULL, 22023 for a bad value, 54000 for an oversized one), and the errors about a key
 // (IK001, IK003, IK004, IK005) with their messages.
 #pragma once

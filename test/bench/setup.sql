@@ -70,7 +70,7 @@ BEGIN
             result, now() + interval '24 hours');
 END $$;
 
--- 3-5. the extension: the SPEC's procedure; in_progress returns instead of raising,
+-- 3-5. the extension: the README's procedure; in_progress returns instead of raising,
 -- so pgbench (which stops a client on an error) can run the hot-key case.
 CREATE PROCEDURE create_payment(p_key idem_key, p_account bigint, p_amount numeric,
                                 INOUT result jsonb DEFAULT NULL)

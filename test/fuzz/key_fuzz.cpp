@@ -1,5 +1,5 @@
 // libFuzzer target: check_key never crashes and agrees with a plain reading of the
-// SPEC's rule (1 to 255 bytes, each 0x21..0x7E), kind, length, position and byte;
+// reference's rule (1 to 255 bytes, each 0x21..0x7E), kind, length, position and byte;
 // a valid key's stored form gives the key back and orders as the key does.
 #include <cstddef>
 #include <cstdint>
@@ -13,7 +13,7 @@ namespace {
 
 using idempotency::KeyProblem;
 
-// The rule as the SPEC states it, written without looking at check_key.
+// The rule as docs/reference.md states it, written without looking at check_key.
 KeyProblem reference(const std::uint8_t* data, std::size_t size) {
   KeyProblem expected;
   expected.length = size;

@@ -1,4 +1,6 @@
-// The claim rules are checked in the SPEC's order 7, 4, 1, 2, 3, 5, 6: each test
+// The claim rules are checked in their order (own claim, writer in progress, free,
+// fingerprint mismatch, finished, live lease, takeover: the contract's 7, 4, 1, 2, 3,
+// 5, 6; docs/reference.md): each test
 // below shows its rule, then that it wins over every rule checked after it.
 #include <gtest/gtest.h>
 
