@@ -5,8 +5,9 @@
 #   2. packs the source with `make dist` and works from that tarball from here on (so
 #      the tests also prove the tarball complete); checks META.json; builds and
 #      installs the extension (PGXS), and checks `make install DESTDIR=...`;
-#   3. unit tests of the C++ core with ctest, plainly and under ASan/UBSan, and the
-#      libFuzzer targets for FUZZ_SECONDS each (default 30; 0 skips them);
+#   3. unit tests of the C++ core with ctest, plainly and under ASan/UBSan, the Node.js
+#      fingerprint client against test/fingerprint_vectors.json, and the libFuzzer
+#      targets for FUZZ_SECONDS each (default 30; 0 skips them);
 #   4. `make format-check` and `make lint` (clang-format, clang-tidy), one pass or
 #      failure each;
 #   5. for each PostgreSQL version of PG_VERSIONS, the extension built and installed
@@ -21,9 +22,9 @@
 # anything failed.
 #
 #   ONLY=package|unit|fuzz|style|sql|regress|isolation|tap (comma-separated) runs a part;
-#        package is META.json and the DESTDIR install; unit is the two ctest runs and
-#        fuzz (no PostgreSQL needed, so no PGXS build); sql is regress, isolation
-#        and tap.
+#        package is META.json and the DESTDIR install; unit is the two ctest runs, the
+#        fingerprint client and fuzz (no PostgreSQL needed, so no PGXS build); style is
+#        format-check and lint; sql is regress, isolation and tap.
 #   PG_VERSIONS=15,18  the PostgreSQL versions the SQL, isolation and TAP tests run on
 #                      (default 15,17,18,19; 17 and up are built once from Debian's
 #                      source packages and cached, see scripts/pg_versions.sh).
