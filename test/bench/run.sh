@@ -2,10 +2,21 @@
 # The benchmark: claim path against a bare insert and a hand-written PL/pgSQL layer,
 # replays, hot keys, the reaper, a batch consumer and storage. Not part of CI.
 #   test/bench/run.sh            # ROUNDS=3 SECONDS_PER_RUN=10 CLIENTS=8 by default
-# Prints a Markdown table and writes test/bench/results.md and test/bench/tps.svg.
+#   PG_VERSION=18 test/bench/run.sh   # another PostgreSQL (scripts/pg_versions.sh)
+# Prints a Markdown table and writes test/bench/results.md and test/bench/tps.svg
+# (results-pgNN.md and tps-pgNN.svg for a PG_VERSION other than 15).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/lib.sh
+. scripts/pg_versions.sh
+PG_VERSION=${PG_VERSION:-15}
+suffix=""
+if [ "$PG_VERSION" != 15 ]; then
+  PG_BIN=$(pg_prefix "$PG_VERSION")/bin
+  PG_CONFIG=$PG_BIN/pg_config
+  export PATH="$PG_BIN:$PATH"
+  suffix=-pg$PG_VERSION
+fi
 
 ROUNDS=${ROUNDS:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
@@ -17,6 +28,7 @@ chmod 755 "$work"
 trap 'stop_cluster "$work/cluster"; rm -rf "$work"' EXIT
 REQUIRED_PACKAGES+=(gnuplot-nox)  # the chart
 ensure_packages
+make -s clean PG_CONFIG="$PG_CONFIG" >/dev/null  # objects of another version's headers
 build_and_install
 cp test/bench/*.sql "$work/"
 chmod 644 "$work"/*.sql
@@ -55,7 +67,7 @@ for sync in off on; do
   done
 done
 
-report=test/bench/results.md
+report=test/bench/results$suffix.md
 {
   echo "| scenario | synchronous_commit | TPS median (min–max) | latency ms | × bare | × floor | × plpgsql | failed |"
   echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
@@ -180,7 +192,7 @@ response_bytes=$(runuser -u postgres -- psql -X -At -h 127.0.0.1 -p "$port" -d s
   echo "| the same, plpgsql | $plpgsql_bytes |"
   echo "| beyond the response ($response_bytes bytes), extension against plpgsql | $(awk -v e="$ext_bytes" -v p="$plpgsql_bytes" -v r="$response_bytes" 'BEGIN { printf "%d / %d = %.2f×", e - r, p - r, (e - r) / (p - r) }') |"
   echo
-  echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}'), $CLIENTS clients, $ROUNDS interleaved rounds of ${SECONDS_PER_RUN}s: \`ROUNDS=$ROUNDS SECONDS_PER_RUN=$SECONDS_PER_RUN test/bench/run.sh\`."
+  echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}'), $CLIENTS clients, $ROUNDS interleaved rounds of ${SECONDS_PER_RUN}s: \`PG_VERSION=$PG_VERSION ROUNDS=$ROUNDS SECONDS_PER_RUN=$SECONDS_PER_RUN test/bench/run.sh\`."
 } >>"$report"
 
 if command -v gnuplot >/dev/null; then
@@ -188,7 +200,7 @@ if command -v gnuplot >/dev/null; then
   awk '$1 == "on" { print $2, $3 }' "$work/chart.dat" >"$work/on.dat"
   gnuplot <<GNUPLOT
 set terminal svg size 760,380 font "sans,11" noenhanced
-set output "test/bench/tps.svg"
+set output "test/bench/tps$suffix.svg"
 set title "TPS by scenario, $CLIENTS clients, medians of $ROUNDS rounds"
 set style data histograms
 set style histogram clustered gap 1
