@@ -174,5 +174,20 @@ SELECT * FROM identity_locks;
 COMMIT;
 SELECT state, count(*) FROM idempotency.keys WHERE key::text LIKE 'sp-%' GROUP BY state;
 
+-- A row written outside the functions (a superuser's INSERT) while an unwritten claim
+-- holds its key: the completion finds it through the primary key and fails with
+-- IK003 (claim lost), never 23505, and the transaction cannot commit either row.
+BEGIN;
+SELECT outcome FROM idem_claim('u', 'intruder');
+INSERT INTO idempotency.keys (role, attempt, first_claimed_at, expires_at, reap_slot, scope,
+                              key, state)
+  VALUES (current_user::regrole, 1, now(), now() + interval '1 hour', 0, 'u', 'intruder', 'c');
+\set VERBOSITY terse
+SELECT idem_complete('u', 'intruder', '"mine"');
+\echo :LAST_ERROR_SQLSTATE
+\set VERBOSITY default
+ROLLBACK;
+SELECT count(*) AS intruder_rows FROM idempotency.keys WHERE key = 'intruder';
+
 DROP VIEW identity_locks, rows_of;
 DELETE FROM idempotency.keys WHERE scope = 'u';

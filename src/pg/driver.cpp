@@ -91,14 +91,15 @@ Driven drive(KeyStore* store, const Identity& id, TimestampTz deadline, bool abs
           return Driven::kDone;
         }
         // The primary key finds a row the probe did not see: let go and look again.
-        written = store_insert(store, &step->row) ? WriteResult::kDone : WriteResult::kChanged;
+        written = store_insert(store, &step->row, OnConflict::kBackOut) ? WriteResult::kDone
+                                                                        : WriteResult::kChanged;
         if (written == WriteResult::kDone) note_insert(inserts);
         lock.release();
         break;
       case Step::kWriteUnwritten:
         // The claim holds the lock and saw no row: only a row written outside the
-        // functions (a hand-made INSERT) can be in the way.
-        if (!store_insert(store, &step->row)) raise_row_in_the_way(id);
+        // functions (a hand-made INSERT) can be in the way, and then the claim fails.
+        if (!store_insert(store, &step->row, OnConflict::kReport)) raise_row_in_the_way(id);
         note_insert(inserts);
         note_unwritten_claim_written(id);
         return Driven::kDone;

@@ -216,20 +216,29 @@ static TupleTableSlot* store_row_in_slot(KeyStore* store, const KeyRow* row) {
   return slot;
 }
 
-// Speculative insertion, as INSERT ... ON CONFLICT does: the primary key is the
-// arbiter, so a row of the identity that appeared unseen (whatever wrote it) makes
-// this insert back out instead of raising 23505 or waiting in a lock queue.
-bool store_insert(KeyStore* store, KeyRow* row) {
+// The primary key is the arbiter of every insert, so a row of the identity that
+// appeared unseen (whatever wrote it) is found without raising 23505 or waiting in a
+// lock queue. kBackOut inserts speculatively, as INSERT ... ON CONFLICT does, and
+// takes the row back on a conflict; kReport inserts plainly (no speculative lock, no
+// confirmation record) and leaves the row for the caller, who must then fail.
+bool store_insert(KeyStore* store, KeyRow* row, OnConflict on_conflict) {
   ensure_executor(store);
   TupleTableSlot* slot = store_row_in_slot(store, row);
-  TransactionId xid = GetCurrentTransactionId();
-  uint32 token = SpeculativeInsertionLockAcquire(xid);
-  table_tuple_insert_speculative(store->heap, slot, GetCurrentCommandId(true), 0, nullptr, token);
+  CommandId command = GetCurrentCommandId(true);
   bool conflict = false;
-  list_free(compat::insert_index_tuples(store->result_rel, slot, store->estate, false, true,
-                                        &conflict, store->arbiters, false));
-  table_tuple_complete_speculative(store->heap, slot, token, !conflict);
-  SpeculativeInsertionLockRelease(xid);
+  if (on_conflict == OnConflict::kReport) {
+    table_tuple_insert(store->heap, slot, command, 0, nullptr);
+    list_free(compat::insert_index_tuples(store->result_rel, slot, store->estate, false, true,
+                                          &conflict, store->arbiters, false));
+  } else {
+    TransactionId xid = GetCurrentTransactionId();
+    uint32 token = SpeculativeInsertionLockAcquire(xid);
+    table_tuple_insert_speculative(store->heap, slot, command, 0, nullptr, token);
+    list_free(compat::insert_index_tuples(store->result_rel, slot, store->estate, false, true,
+                                          &conflict, store->arbiters, false));
+    table_tuple_complete_speculative(store->heap, slot, token, !conflict);
+    SpeculativeInsertionLockRelease(xid);
+  }
   ResetPerTupleExprContext(store->estate);
   store->wrote = true;
   return !conflict;

@@ -57,8 +57,11 @@ void store_close(KeyStore* store);
 void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* probe);
 
 // Inserts a row unless the primary key already holds one of its identity (then
-// false: probe again). The caller holds the identity's lock and has seen no row.
-bool store_insert(KeyStore* store, KeyRow* row);
+// false). The caller holds the identity's lock and has seen no row. On a conflict,
+// kBackOut takes the row back (the caller probes again); kReport leaves it, for a
+// caller that then raises an error (cheaper: no speculative insertion).
+enum class OnConflict { kBackOut, kReport };
+bool store_insert(KeyStore* store, KeyRow* row, OnConflict on_conflict);
 
 // The key of the identity locks' hash, generated at install (idempotency.lock_secret);
 // size 0 in a database whose extension is still at 1.0.
