@@ -49,22 +49,47 @@ Digest digest_of(std::initializer_list<std::string_view> parts) {
 
 Digest sha256(std::string_view bytes) { return digest_of({bytes}); }
 
-Digest hmac_sha256(std::string_view key, std::initializer_list<std::string_view> parts) {
+void HmacSha256::Deleter::operator()(evp_md_ctx_st* context) const { EVP_MD_CTX_free(context); }
+
+static void check(int ok, const char* what) {
+  if (ok != 1) throw std::runtime_error(what);
+}
+
+HmacSha256::HmacSha256(std::string_view key)
+    : inner_(EVP_MD_CTX_new()), outer_(EVP_MD_CTX_new()), work_(EVP_MD_CTX_new()) {
   constexpr std::size_t kBlock = 64;
   if (key.size() > kBlock) throw std::length_error("HMAC key longer than a SHA-256 block");
+  if (!inner_ || !outer_ || !work_) throw std::bad_alloc();
   std::array<char, kBlock> inner{}, outer{};
   for (std::size_t i = 0; i < kBlock; i++) {
     unsigned char k = i < key.size() ? static_cast<unsigned char>(key[i]) : 0;
     inner[i] = static_cast<char>(k ^ 0x36);
     outer[i] = static_cast<char>(k ^ 0x5c);
   }
-  Sha256 inner_sha;
-  inner_sha.update(std::string_view(inner.data(), kBlock));
-  for (std::string_view part : parts) inner_sha.update(part);
-  Digest inner_digest = inner_sha.finish();
-  return digest_of(
-      {std::string_view(outer.data(), kBlock),
-       std::string_view(reinterpret_cast<const char*>(inner_digest.data()), inner_digest.size())});
+  check(EVP_DigestInit_ex(inner_.get(), EVP_sha256(), nullptr), "OpenSSL could not start SHA-256");
+  check(EVP_DigestUpdate(inner_.get(), inner.data(), kBlock), "OpenSSL could not update SHA-256");
+  check(EVP_DigestInit_ex(outer_.get(), EVP_sha256(), nullptr), "OpenSSL could not start SHA-256");
+  check(EVP_DigestUpdate(outer_.get(), outer.data(), kBlock), "OpenSSL could not update SHA-256");
+}
+
+HmacSha256::~HmacSha256() = default;
+
+Digest HmacSha256::operator()(std::initializer_list<std::string_view> parts) const {
+  EVP_MD_CTX* work = work_.get();
+  Digest digest;
+  unsigned int length = 0;
+  check(EVP_MD_CTX_copy_ex(work, inner_.get()), "OpenSSL could not copy a SHA-256 state");
+  for (std::string_view part : parts)
+    check(EVP_DigestUpdate(work, part.data(), part.size()), "OpenSSL could not update SHA-256");
+  check(EVP_DigestFinal_ex(work, digest.data(), &length), "OpenSSL could not finish SHA-256");
+  check(EVP_MD_CTX_copy_ex(work, outer_.get()), "OpenSSL could not copy a SHA-256 state");
+  check(EVP_DigestUpdate(work, digest.data(), digest.size()), "OpenSSL could not update SHA-256");
+  check(EVP_DigestFinal_ex(work, digest.data(), &length), "OpenSSL could not finish SHA-256");
+  return digest;
+}
+
+Digest hmac_sha256(std::string_view key, std::initializer_list<std::string_view> parts) {
+  return HmacSha256(key)(parts);
 }
 
 std::string derive_key(std::string_view root, std::string_view step) {

@@ -1,5 +1,7 @@
 #include "pg/identity_lock.hpp"
 
+#include <memory>
+
 #include "core/sha256.hpp"
 #include "pg/waits.hpp"
 
@@ -27,10 +29,20 @@ static std::string_view bytes_of(const struct varlena* value) {
 // could test a guessed key of another role for a claim in flight, or craft a key
 // whose lock collides with another role's and make its claims wait.
 static uint64 identity_hash(const Identity& id, const LockSecret& secret) {
+  // The key's blocks are hashed once per backend and secret, not per claim. Never
+  // destroyed: a static destructor would run at exit, after OpenSSL's own cleanup.
+  static HmacSha256* keyed = nullptr;
+  static LockSecret keyed_with{};
+  if (keyed == nullptr || memcmp(&keyed_with, &secret, sizeof(secret)) != 0) {
+    auto next = std::make_unique<HmacSha256>(
+        std::string_view(reinterpret_cast<const char*>(secret.bytes), secret.size));
+    delete keyed;
+    keyed = next.release();
+    keyed_with = secret;
+  }
   std::string_view scope = bytes_of(reinterpret_cast<const struct varlena*>(id.scope));
   uint32 scope_length = scope.size();  // keeps ("ab", "c") and ("a", "bc") apart
-  Digest digest = hmac_sha256(
-      std::string_view(reinterpret_cast<const char*>(secret.bytes), secret.size),
+  Digest digest = (*keyed)(
       {std::string_view(reinterpret_cast<const char*>(&id.role), sizeof(id.role)),
        std::string_view(reinterpret_cast<const char*>(&scope_length), sizeof(scope_length)), scope,
        bytes_of(id.key)});

@@ -55,6 +55,18 @@ TEST(HmacSha256, Rfc4231Vectors) {
   EXPECT_THROW(hmac_sha256(std::string(131, '\xaa'), {"x"}), std::length_error);
 }
 
+TEST(HmacSha256, APreparedKeyGivesTheSameDigestsMessageAfterMessage) {
+  HmacSha256 jefe("Jefe");
+  for (int round = 0; round < 3; round++)
+    EXPECT_EQ(hex(jefe({"what do ya want ", "for nothing?"})),
+              "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+  HmacSha256 other(std::string(32, '\x07'));
+  EXPECT_EQ(other({"role", "scope", "key"}),
+            hmac_sha256(std::string(32, '\x07'), {"role", "scope", "key"}));
+  EXPECT_NE(other({"role", "scope", "key"}), other({"role", "scope", "kez"}));
+  EXPECT_THROW(HmacSha256(std::string(65, 'x')), std::length_error);
+}
+
 TEST(HmacSha256, DependsOnTheKey) {
   EXPECT_NE(hmac_sha256("secret one", {"role", "scope", "key"}),
             hmac_sha256("secret two", {"role", "scope", "key"}));
