@@ -92,17 +92,20 @@ Digest hmac_sha256(std::string_view key, std::initializer_list<std::string_view>
   return HmacSha256(key)(parts);
 }
 
-std::string derive_key(std::string_view root, std::string_view step) {
+std::string hex(const Digest& digest) {
   static const char kHex[] = "0123456789abcdef";
-  // The NUL keeps ("ab", "c") and ("a", "bc") apart; a key never contains one.
-  Digest digest = digest_of({root, std::string_view("\0", 1), step});
-  std::string key;
-  key.reserve(32);
-  for (std::size_t i = 0; i < 16; i++) {
-    key.push_back(kHex[digest[i] >> 4]);
-    key.push_back(kHex[digest[i] & 0x0F]);
+  std::string out;
+  out.reserve(2 * digest.size());
+  for (unsigned char byte : digest) {
+    out.push_back(kHex[byte >> 4]);
+    out.push_back(kHex[byte & 0x0F]);
   }
-  return key;
+  return out;
+}
+
+std::string derive_key(std::string_view root, std::string_view step) {
+  // The NUL keeps ("ab", "c") and ("a", "bc") apart; a key never contains one.
+  return hex(digest_of({root, std::string_view("\0", 1), step})).substr(0, 32);
 }
 
 }  // namespace idempotency

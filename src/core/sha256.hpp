@@ -37,6 +37,9 @@ class HmacSha256 {
   std::unique_ptr<evp_md_ctx_st, Deleter> inner_, outer_, work_;
 };
 
+// Lowercase hexadecimal, two characters a byte.
+std::string hex(const Digest& digest);
+
 // The key of a downstream step: lowercase hex of the first 16 bytes of
 // SHA-256(root || 0x00 || step), 32 characters, the same in every service.
 std::string derive_key(std::string_view root, std::string_view step);

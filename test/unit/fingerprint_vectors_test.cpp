@@ -184,16 +184,6 @@ std::vector<Vector> load_vectors() {
   return VectorReader(text.str()).read();
 }
 
-std::string hex(const Digest& digest) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char byte : digest) {
-    out.push_back(kHex[byte >> 4]);
-    out.push_back(kHex[byte & 0x0F]);
-  }
-  return out;
-}
-
 // Long canonical numbers would flood a failure message.
 std::string shown(const std::string& text) {
   return text.size() <= 200

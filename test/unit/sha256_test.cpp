@@ -9,16 +9,6 @@
 namespace idempotency {
 namespace {
 
-std::string hex(const Digest& digest) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string out;
-  for (unsigned char byte : digest) {
-    out.push_back(kHex[byte >> 4]);
-    out.push_back(kHex[byte & 0x0F]);
-  }
-  return out;
-}
-
 // FIPS 180-2 test vectors.
 TEST(Sha256, KnownVectors) {
   EXPECT_EQ(hex(sha256("")), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
