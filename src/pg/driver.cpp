@@ -87,7 +87,7 @@ Driven drive(KeyStore* store, const Identity& id, TimestampTz deadline, bool abs
           if (inserted_since(inserts, inserts_before)) continue;
         }
         if (step->kind == Step::kKeepUnwritten) {
-          remember_unwritten_claim(id, step->row, lock.get());  // keeps the lock
+          remember_unwritten_claim(step->row, lock.get());  // keeps the lock
           return Driven::kDone;
         }
         // The primary key finds a row the probe did not see: let go and look again.

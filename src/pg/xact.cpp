@@ -117,7 +117,7 @@ void release_identity_lock(const IdentityLock& lock) {
 
 bool can_leave_claim_unwritten() { return unwritten_count < kMaxUnwrittenClaims; }
 
-void remember_unwritten_claim(const Identity& id, const KeyRow& row, const IdentityLock& lock) {
+void remember_unwritten_claim(const KeyRow& row, const IdentityLock& lock) {
   KeyRow* kept = copy_row_into(row, TopTransactionContext);
   for (int i = held_count - 1; i >= 0; i--) {
     HeldLock& entry = held[i];

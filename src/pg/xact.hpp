@@ -30,11 +30,10 @@ void release_identity_lock(const struct IdentityLock& lock);
 
 // Whether another claim may be left unwritten.
 bool can_leave_claim_unwritten();
-// Remembers `row` (copied) as the unwritten row of this transaction's claim on `id`,
+// Remembers `row` (copied) as the unwritten row of this transaction's claim on its key,
 // which keeps holding the identity lock `lock` (taken with hold_identity_lock);
 // remember_claim is called as for any claim.
-void remember_unwritten_claim(const Identity& id, const KeyRow& row,
-                              const struct IdentityLock& lock);
+void remember_unwritten_claim(const KeyRow& row, const struct IdentityLock& lock);
 // The row of this transaction's unwritten claim on `id`, or null.
 const KeyRow* unwritten_claim(const Identity& id);
 // Notes that a finish wrote (or, releasing it, dropped) the claim's row. In the
