@@ -18,11 +18,13 @@ export LANG=C.UTF-8 LC_ALL=C.UTF-8
 # libclang-rt-14-dev are for the libFuzzer targets; python3-psycopg(-pool) for the
 # HTTP example (examples/http) and its test; pgbouncer for the pooler test; sqlsmith
 # for the random-query test (test/t/011_sqlsmith.pl); nodejs for the fingerprint client
-# (examples/fingerprint).
+# (examples/fingerprint); rabbitmq-server and python3-pika for the messaging example
+# (examples/messaging) and its test, which runs a broker of its own (the package's
+# system broker, if its installation started one, is left alone).
 REQUIRED_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libssl-dev
                    g++ make cmake libgtest-dev libipc-run-perl perl clang libclang-rt-14-dev
                    python3 python3-psycopg python3-psycopg-pool pgbouncer sqlsmith git
-                   clang-format clang-tidy bear nodejs)
+                   clang-format clang-tidy bear nodejs rabbitmq-server python3-pika)
 
 # A section banner.
 say() { printf '\n== %s\n' "$*"; }

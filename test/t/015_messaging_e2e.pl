@@ -1,0 +1,439 @@
+# The messaging example (examples/messaging) end to end, with a real broker: payments
+# with their events committed together (producer.sql) under concurrent load, some
+# rolled back and many retried; three relays (relay.py) moving the outbox to a private
+# RabbitMQ node; a consumer (consumer.py, consumer.sql) applying the events to a
+# second database. On the way a relay is killed (SIGKILL) mid-batch, every broker
+# connection is cut, the broker is restarted, and an event no queue is bound for ends
+# in the dead letters until the consumer binds its topic and the event is retried.
+# Then, exactly: every committed payment's event applied once, none of a rolled-back
+# one, each account's events applied in seq order, the balances those payments add
+# up to, and nothing left in the outbox.
+#
+# The broker runs as the current OS user from /usr/lib/rabbitmq (Debian's
+# rabbitmq-server), on 127.0.0.1, with its own node name, ports, Erlang port mapper
+# and files, so a system RabbitMQ (if the package started one) is never touched.
+use strict;
+use warnings;
+use IO::Socket::INET;
+use IPC::Run;
+use POSIX qw(WNOHANG);
+use Time::HiRes qw(time sleep);
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/lib";
+use IdemCheck;
+
+my $rabbit_bin = '/usr/lib/rabbitmq/bin';
+die "$rabbit_bin/rabbitmq-server is missing: install the Debian package rabbitmq-server "
+  . '(scripts/lib.sh lists it)'
+  unless -x "$rabbit_bin/rabbitmq-server";
+die '/usr/bin/python3 cannot import pika and psycopg: install python3-pika and python3-psycopg'
+  unless system('/usr/bin/python3', '-c', 'import pika, psycopg') == 0;
+
+my $load_seconds = 20;
+my $keys = 2000;
+my $accounts = 7;
+
+my $node = PostgreSQL::Test::Cluster->new('messaging');
+$node->init;
+# The worker removes delivered events (outbox_retention 0) while the relays run.
+$node->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'idempotency'
+idempotency.reaper_naptime = '1s'
+});
+$node->start;
+$node->safe_psql('postgres', 'CREATE DATABASE shop');
+$node->safe_psql('postgres', 'CREATE DATABASE ledger');
+$node->safe_psql('shop', 'CREATE EXTENSION idempotency');
+$node->safe_psql('ledger', 'CREATE EXTENSION idempotency');
+$node->safe_psql('shop', slurp_file('examples/messaging/producer.sql'));
+$node->safe_psql('ledger', slurp_file('examples/messaging/consumer.sql'));
+# The relays' role, with the grants producer.sql's header shows, and nothing else.
+$node->safe_psql('shop', q{
+  CREATE ROLE relay LOGIN;
+  CREATE ROLE bystander LOGIN;
+  GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text[]),
+      idem_outbox_ack(text, idem_key[]), idem_outbox_dead(text, idem_key[], text) TO relay;});
+
+my $connstr = 'host=' . $node->host . ' port=' . $node->port;
+my $log_path = $PostgreSQL::Test::Utils::log_path;
+
+# Processes of the test, each in a process group of its own (so that stopping one
+# reaches what it started, like the Erlang VM under rabbitmq-server), its output
+# appended to a log of the test; the END block stops those still running.
+my @processes;
+
+sub spawn {
+	my ($name, $env, @command) = @_;
+	my $process = { name => $name, log => "$log_path/$name.log" };
+	my $pid = fork() // die "fork: $!";
+	if ($pid == 0) {
+		POSIX::setsid();
+		open(STDIN, '<', '/dev/null')
+		  && open(STDOUT, '>>', $process->{log})
+		  && open(STDERR, '>&', \*STDOUT)
+		  or POSIX::_exit(126);
+		@ENV{ keys %$env } = values %$env;
+		exec(@command) or POSIX::_exit(127);
+	}
+	$process->{pid} = $pid;
+	push @processes, $process;
+	return $process;
+}
+
+sub running {
+	my ($process) = @_;
+	return 0 if defined $process->{status};
+	return 1 if waitpid($process->{pid}, WNOHANG) == 0;
+	$process->{status} = $?;
+	return 0;
+}
+
+# Sends $signal to the process (or, with $group, to its process group) and waits at
+# most $seconds for it to exit; then kills the group. Returns its exit status, or
+# undef if it had to be killed.
+sub stop_process {
+	my ($process, $signal, $seconds, $group) = @_;
+	return $process->{status} unless running($process);
+	kill $signal, ($group ? -$process->{pid} : $process->{pid});
+	my $deadline = time + $seconds;
+	while (running($process)) {
+		if (time > $deadline) {
+			kill 'KILL', -$process->{pid};
+			waitpid($process->{pid}, 0);
+			$process->{status} = $?;
+			return undef;
+		}
+		sleep 0.05;
+	}
+	return $process->{status};
+}
+
+END {
+	local $?;
+	for my $process (reverse @processes) {
+		stop_process($process, 'TERM', 15, 1);
+	}
+	if (!Test::More->builder->is_passing) {
+		for my $log (map { $_->{log} } @processes) {
+			next unless -e $log;
+			my @lines = split /\n/, slurp_file($log);
+			splice(@lines, 0, @lines - 40) if @lines > 40;
+			diag("the last lines of $log:\n" . join("\n", @lines));
+		}
+	}
+}
+
+# Calls $check every 0.1 s until it returns true, for at most $seconds; returns
+# whether it did.
+sub wait_until {
+	my ($seconds, $check) = @_;
+	my $deadline = time + $seconds;
+	until ($check->()) {
+		return 0 if time > $deadline;
+		sleep 0.1;
+	}
+	return 1;
+}
+
+# The lines of a process's log that match $re (in scalar context, how many).
+sub log_lines {
+	my ($process, $re) = @_;
+	my @lines = -e $process->{log} ? grep { /$re/ } split /\n/, slurp_file($process->{log}) : ();
+	return @lines;
+}
+
+# --- The broker ---------------------------------------------------------------
+my $rabbit_dir = PostgreSQL::Test::Utils::tempdir();
+my ($amqp_port, $dist_port, $epmd_port) =
+  map { PostgreSQL::Test::Cluster::get_free_port() } 1 .. 3;
+my $rabbit_node = 'idem@localhost';
+mkdir "$rabbit_dir/home" or die "mkdir: $!";
+mkdir "$rabbit_dir/mnesia" or die "mkdir: $!";
+# The Erlang cookie the node and rabbitmqctl share.
+PostgreSQL::Test::Utils::append_to_file("$rabbit_dir/home/.erlang.cookie",
+	join('', map { ('A' .. 'Z')[ int(rand(26)) ] } 1 .. 20));
+chmod 0400, "$rabbit_dir/home/.erlang.cookie";
+# No disk or memory alarm: a nearly full disk must not block the publishers.
+PostgreSQL::Test::Utils::append_to_file("$rabbit_dir/rabbitmq.conf",
+	"disk_free_limit.absolute = 1MB\nvm_memory_high_watermark.relative = 0.9\n");
+my %rabbit_env = (
+	HOME => "$rabbit_dir/home",
+	ERL_EPMD_PORT => $epmd_port,
+	ERL_EPMD_ADDRESS => '127.0.0.1',
+	RABBITMQ_NODENAME => $rabbit_node,
+	RABBITMQ_NODE_IP_ADDRESS => '127.0.0.1',
+	RABBITMQ_NODE_PORT => $amqp_port,
+	RABBITMQ_DIST_PORT => $dist_port,
+	RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS => '-kernel inet_dist_use_interface {127,0,0,1}',
+	RABBITMQ_CTL_ERL_ARGS => '-kernel inet_dist_use_interface {127,0,0,1}',
+	RABBITMQ_MNESIA_BASE => "$rabbit_dir/mnesia",
+	RABBITMQ_LOG_BASE => "$log_path/rabbitmq",
+	RABBITMQ_CONFIG_FILE => "$rabbit_dir/rabbitmq.conf",
+	RABBITMQ_ADVANCED_CONFIG_FILE => "$rabbit_dir/advanced.config",
+	RABBITMQ_CONF_ENV_FILE => "$rabbit_dir/rabbitmq-env.conf",
+	RABBITMQ_ENABLED_PLUGINS_FILE => "$rabbit_dir/enabled_plugins",
+	RABBITMQ_PLUGINS_EXPAND_DIR => "$rabbit_dir/plugins",
+	RABBITMQ_PID_FILE => "$rabbit_dir/rabbitmq.pid");
+# The port mapper in the foreground, so that it ends with the test.
+my $epmd = spawn('epmd', \%rabbit_env, '/usr/bin/epmd', '-port', $epmd_port);
+my $rabbit;
+my $rabbit_starts = 0;
+
+sub start_rabbit {
+	$rabbit_starts++;
+	$rabbit = spawn("rabbitmq-$rabbit_starts", \%rabbit_env, "$rabbit_bin/rabbitmq-server");
+	wait_until(90,
+		sub {
+			die "rabbitmq-server exited with status $rabbit->{status}" unless running($rabbit);
+			return IO::Socket::INET->new(PeerAddr => "127.0.0.1:$amqp_port");
+		}) or die 'RabbitMQ did not accept connections within 90 s';
+}
+
+# rabbitmq-server's script stops the node cleanly on SIGTERM and exits with it.
+sub stop_rabbit {
+	return stop_process($rabbit, 'TERM', 60);
+}
+
+sub rabbitmqctl {
+	my @args = @_;
+	my ($out, $err) = ('', '');
+	local @ENV{ keys %rabbit_env } = values %rabbit_env;
+	IPC::Run::run([ "$rabbit_bin/rabbitmqctl", '-n', $rabbit_node, @args ],
+		'<', \undef, '>', \$out, '2>', \$err, IPC::Run::timeout(60))
+	  or die "rabbitmqctl @args failed:\n$out$err";
+	return $out;
+}
+
+my $started = time;
+start_rabbit();
+note(sprintf('RabbitMQ accepted connections after %.1f s', time - $started));
+like(rabbitmqctl('status'), qr/RabbitMQ version/, 'the private RabbitMQ node runs');
+
+# --- The consumer, the load, the relays ---------------------------------------
+my $amqp_url = "amqp://guest:guest\@127.0.0.1:$amqp_port/%2F";
+my $consumer_starts = 0;
+
+sub start_consumer {
+	my ($topics) = @_;
+	$consumer_starts++;
+	my $consumer = spawn(
+		"consumer-$consumer_starts",
+		{ DATABASE_URL => "$connstr dbname=ledger", AMQP_URL => $amqp_url, TOPICS => $topics },
+		'/usr/bin/python3', 'examples/messaging/consumer.py');
+	wait_until(30,
+		sub { running($consumer) && log_lines($consumer, qr/connected to the broker/) })
+	  or die "the consumer did not start";
+	return $consumer;
+}
+
+sub start_relay {
+	my ($name, %settings) = @_;
+	return spawn(
+		$name,
+		{ DATABASE_URL => "$connstr dbname=shop user=relay",
+		  AMQP_URL => $amqp_url,
+		  RELAY_NAME => $settings{relay_name} // $name,
+		  LEASE => '3s',
+		  BATCH_SIZE => $settings{batch} // 50,
+		  PUBLISH_DELAY => $settings{delay} // 0 },
+		'/usr/bin/python3', 'examples/messaging/relay.py');
+}
+
+sub undelivered {
+	return $node->safe_psql('shop', 'SELECT outbox_undelivered FROM idem_stats()');
+}
+
+my $consumer = start_consumer('payment.created');
+
+# Payments on $accounts accounts from six clients: keys repeat (a retry of a finished
+# key replays it and emits nothing), and one in ten transactions rolls back after the
+# payment and its event were written.
+my $script = "$PostgreSQL::Test::Utils::tmp_check/messaging_load.sql";
+PostgreSQL::Test::Utils::append_to_file($script, qq{
+\\set k random(1, $keys)
+\\set fail random(1, 10)
+BEGIN;
+CALL create_payment(('pay-' || :k)::idem_key, :k % $accounts + 1, :k / 100.0);
+\\if :fail = 1
+ROLLBACK;
+\\else
+COMMIT;
+\\endif
+});
+my ($load_out, $load_err) = ('', '');
+my $load = IPC::Run::start(
+	[ 'pgbench', '--no-vacuum', '--client=6', '--jobs=2', '--rate=150',
+	  "--time=$load_seconds", '-f', $script, '-h', $node->host, '-p', $node->port, 'shop' ],
+	'>', \$load_out, '2>', \$load_err, IPC::Run::timeout($load_seconds + 60));
+
+# A slow relay (a pause after each message), started alone once events wait, so that
+# it takes a full batch; killed after it published a few of them, before it acked.
+wait_until(30, sub { undelivered() >= 40 }) or die 'the load emitted no events';
+my $slow = start_relay('relay-1', batch => 20, delay => 0.3);
+wait_until(30, sub { log_lines($slow, qr/ published /) >= 3 })
+  or die 'the slow relay published nothing';
+kill 'KILL', $slow->{pid};
+waitpid($slow->{pid}, 0);
+$slow->{status} = $?;
+my @published_unacked = map { / published (\S+)/ } log_lines($slow, qr/ published /);
+ok(log_lines($slow, qr/claimed 20 events/) && !log_lines($slow, qr/ acked /),
+	'relay-1 was killed in the middle of a batch of 20, before its ack');
+note('relay-1 published ' . scalar(@published_unacked) . ' events before SIGKILL');
+
+my @relays = map { start_relay("relay-$_") } 2, 3;
+
+# An event no queue is bound for: the broker returns it (it is published mandatory),
+# so the relay moves it to the dead letters.
+my $poison = $node->safe_psql('shop', q{
+  SELECT idem_emit('payment.disputed',
+                   jsonb_build_object('payment_id', id, 'account', account, 'reason', 'chargeback'),
+                   aggregate => account::text, event_id => idem_derive(key::idem_key, 'payment.disputed'))
+  FROM payments ORDER BY id LIMIT 1});
+my $poison_account = $node->safe_psql('shop', 'SELECT account FROM payments ORDER BY id LIMIT 1');
+
+# relay-1 again, under the same name, at full speed: three relays at once.
+push @relays, start_relay('relay-1-restarted', relay_name => 'relay-1');
+
+# Every connection to the broker cut at once; relays and consumer reconnect.
+wait_until(30, sub { !grep { !log_lines($_, qr/connected to the broker/) } @relays, $consumer })
+  or die 'not every relay connected to the broker';
+rabbitmqctl('close_all_connections', 'cut by the test');
+ok( wait_until(30,
+		sub { !grep { log_lines($_, qr/connected to the broker/) < 2 } @relays, $consumer }),
+	'after close_all_connections every relay and the consumer reconnected');
+
+# The broker restarted while the load goes on.
+is(stop_rabbit(), 0, 'RabbitMQ stopped cleanly');
+start_rabbit();
+ok( wait_until(30,
+		sub { !grep { log_lines($_, qr/connected to the broker/) < 3 } @relays, $consumer }),
+	'after a broker restart every relay and the consumer reconnected');
+
+# The dead letter, and the fix: the consumer is restarted binding the topic too; then
+# the event is put back.
+ok( wait_until(30,
+		sub {
+			$node->safe_psql('shop',
+				"SELECT count(*) FROM idem_outbox_dead_letters() WHERE event_id = '$poison'") == 1;
+		}),
+	'the event no queue is bound for is in the dead letters');
+like(
+	$node->safe_psql('shop',
+		"SELECT topic || ' ' || aggregate || ' ' || seq || ' ' || reason
+		 FROM idem_outbox_dead_letters('payment.disputed') WHERE event_id = '$poison'"),
+	qr/^payment\.disputed $poison_account 1 unroutable: no queue is bound .* payment\.disputed$/,
+	'with its topic, aggregate, seq and the reason the relay gave');
+is(stop_process($consumer, 'TERM', 30), 0, 'the consumer stopped cleanly on SIGTERM');
+$consumer = start_consumer('payment.created,payment.disputed');
+ok(log_lines($consumer, qr/bound ledger to idem\.events for payment\.disputed/),
+	'the restarted consumer binds payment.disputed');
+is($node->safe_psql('shop', "SELECT idem_outbox_retry(ARRAY['$poison']::idem_key[])"),
+	'1', 'idem_outbox_retry puts the dead letter back');
+ok( wait_until(30,
+		sub {
+			$node->safe_psql('ledger',
+				"SELECT count(*) FROM applied_events WHERE event_id = '$poison'") == 1;
+		}),
+	'and it is delivered and applied');
+
+# The load's end, then the outbox drained.
+$load->finish;
+note($load_out);
+ok($load_err eq '' && $load_out =~ /number of failed transactions: 0 /,
+	"6 clients paid for ${load_seconds}s, no errors")
+  or diag("stderr:\n$load_err");
+my $payments = $node->safe_psql('shop', 'SELECT count(*) FROM payments');
+ok( wait_until(60,
+		sub {
+			undelivered() == 0
+			  && $node->safe_psql('ledger', 'SELECT count(*) FROM applied_events')
+			  == $payments + 1;
+		}),
+	'the outbox drained and the ledger caught up')
+  or diag('undelivered: ' . undelivered());
+note(sprintf('drained %.0f s after the start of the load', time - $started));
+
+# --- The checks ----------------------------------------------------------------
+my ($transactions) = $load_out =~ /number of transactions actually processed: (\d+)/;
+cmp_ok($transactions // 0, '>', $payments * 1.2,
+	"keys were retried: $payments payments from " . ($transactions // 0) . ' transactions');
+my $rolled_back = $node->safe_psql('shop', 'SELECT max(id) - count(*) FROM payments');
+cmp_ok($rolled_back, '>', 0, "payments were rolled back ($rolled_back payment ids unused)");
+
+# Every committed payment's event, under the id derived from its key, with its account
+# and amount, applied exactly once; nothing else applied (a rolled-back payment's id
+# is missing from payments).
+is( $node->safe_psql('ledger', q{
+		SELECT string_agg(concat_ws(' ', payload->>'payment_id', event_id, account, payload->>'amount'),
+		                  E'\n' ORDER BY (payload->>'payment_id')::bigint, id)
+		FROM applied_events WHERE topic = 'payment.created'}),
+	$node->safe_psql('shop', q{
+		SELECT string_agg(concat_ws(' ', id, idem_derive(key::idem_key, 'payment.created'), account, amount),
+		                  E'\n' ORDER BY id)
+		FROM payments}),
+	'every committed payment applied exactly once, nothing else');
+is( $node->safe_psql('ledger',
+		'SELECT count(*) FROM (SELECT event_id FROM applied_events GROUP BY 1 HAVING count(*) > 1) d'),
+	'0', 'no event applied twice');
+
+# Order: each account's events were applied as seq 1, 2, 3, ... in that order.
+is( $node->safe_psql('ledger', q{
+		SELECT count(*) FROM (
+		  SELECT seq, row_number() OVER (PARTITION BY topic, account ORDER BY id) AS n
+		  FROM applied_events) a
+		WHERE seq <> n}),
+	'0', "each account's events applied in seq order, with no gap");
+is( $node->safe_psql('ledger',
+		"SELECT count(DISTINCT account) FROM applied_events WHERE topic = 'payment.created'"),
+	$accounts, "over $accounts accounts");
+is( $node->safe_psql('ledger',
+		"SELECT string_agg(account || ' ' || balance || ' ' || payments, ',' ORDER BY account)
+		 FROM accounts WHERE payments > 0"),
+	$node->safe_psql('shop',
+		"SELECT string_agg(account || ' ' || total || ' ' || n, ',' ORDER BY account::text)
+		 FROM (SELECT account, sum(amount) AS total, count(*) AS n FROM payments GROUP BY account) p"),
+	'the balances are the sums of the committed payments');
+is( $node->safe_psql('ledger',
+		"SELECT account || ' ' || disputes FROM accounts WHERE disputes > 0"),
+	"$poison_account 1", 'the retried dead letter counted one dispute');
+
+# The relay killed mid-batch: what it published was published again by another
+# relay once its lease ran out, and the consumer skipped the second copies.
+my %duplicates = map { / duplicate (\S+)/ ? ($1 => 1) : () }
+  map { log_lines($_, qr/ duplicate /) } grep { $_->{name} =~ /^consumer/ } @processes;
+is(scalar(grep { !$duplicates{$_} } @published_unacked), 0,
+	'each event relay-1 published before SIGKILL reached the consumer again and was skipped');
+is(scalar(map { log_lines($_, qr/ stale /) } grep { $_->{name} =~ /^consumer/ } @processes),
+	0, 'no event arrived after a later one of its account');
+
+# Nothing left to relay.
+is( $node->safe_psql('shop',
+		'SELECT outbox_undelivered || \' \' || outbox_dead FROM idem_stats()'),
+	'0 0', 'idem_stats: nothing undelivered, no dead letter');
+is($node->safe_psql('shop', "SELECT count(*) FROM idem_outbox_claim('checker', 1000)"),
+	'0', 'idem_outbox_claim finds nothing to relay');
+
+# The relay functions are the relay's: not granted to PUBLIC.
+my ($ret, $stdout, $stderr) = $node->psql('shop',
+	"SET ROLE bystander; SELECT * FROM idem_outbox_claim('bystander')");
+like($stderr, qr/permission denied for function idem_outbox_claim/,
+	'a role without the grant cannot claim events');
+
+# The processes end cleanly on SIGTERM, and logged no Python traceback.
+for my $process (@relays, $consumer) {
+	is(stop_process($process, 'TERM', 30), 0, "$process->{name} stopped cleanly on SIGTERM");
+}
+for my $process (grep { $_->{name} =~ /^(relay|consumer)/ } @processes) {
+	is(scalar(log_lines($process, qr/Traceback/)), 0, "$process->{name} logged no traceback");
+}
+is(stop_rabbit(), 0, 'RabbitMQ stopped cleanly');
+
+IdemCheck::amcheck_keys($node, 'shop', 'shop');
+IdemCheck::amcheck_keys($node, 'ledger', 'ledger');
+note(sprintf('the test took %.0f s', time - $started));
+
+$node->stop;
+done_testing();
