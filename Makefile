@@ -3,13 +3,15 @@ EXTENSION = idempotency
 MODULE_big = idempotency
 DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql
 
-CORE_OBJS = src/core/key.o src/core/canonical_json.o src/core/sha256.o src/core/key_state.o
+CORE_OBJS = src/core/key.o src/core/canonical_json.o src/core/sha256.o src/core/key_state.o src/core/outbox.o
 PG_OBJS = src/pg/errors.o src/pg/module.o src/pg/guc.o src/pg/shmem.o src/pg/key_type.o \
           src/pg/key_row.o src/pg/waits.o src/pg/store_catalog.o src/pg/store.o \
           src/pg/store_scans.o src/pg/identity_lock.o src/pg/xact.o src/pg/driver.o \
           src/pg/arguments.o src/pg/api_claim.o src/pg/api_finish.o src/pg/api_read.o \
           src/pg/api_fingerprint.o src/pg/api_monitor.o src/pg/api_reap.o src/pg/reaper_pass.o \
-          src/pg/worker_state.o src/pg/reaper.o src/pg/launcher.o src/pg/utility_hook.o
+          src/pg/worker_state.o src/pg/reaper.o src/pg/launcher.o src/pg/utility_hook.o \
+          src/pg/table.o src/pg/messaging_catalog.o src/pg/outbox_row.o src/pg/api_emit.o \
+          src/pg/api_apply.o src/pg/api_outbox.o
 OBJS = $(CORE_OBJS) $(PG_OBJS)
 
 PG_CPPFLAGS = -Isrc

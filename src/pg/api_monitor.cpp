@@ -1,5 +1,9 @@
 // idem_stats: figures for monitoring, quickly whatever the table's size.
+#include <optional>
+
 #include "pg/errors.hpp"
+#include "pg/messaging_catalog.hpp"
+#include "pg/table.hpp"
 #include "pg/reaper_pass.hpp"
 #include "pg/worker.hpp"
 
@@ -98,6 +102,46 @@ static StateCounts estimate(KeyStore* store) {
   return counts;
 }
 
+// Outbox events are counted exactly through their partial index up to this many;
+// beyond, the index's size from the last VACUUM or ANALYZE is reported if larger.
+constexpr int64 kExactOutboxCount = 100000;
+
+struct OutboxFigures {
+  int64 undelivered, dead;
+  std::optional<TimestampTz> oldest_undelivered_at;  // the first pending event emitted
+};
+
+static int64 count_index(Table* outbox, Oid index, Snapshot snapshot) {
+  IndexCursor cursor;
+  cursor_open(outbox, &cursor, index, snapshot, nullptr, 0);
+  int64 count = 0;
+  while (count < kExactOutboxCount && cursor_next(outbox, &cursor)) count++;
+  cursor_close(&cursor);
+  if (count < kExactOutboxCount) return count;
+  Relation rel = index_open(index, AccessShareLock);
+  double estimate = rel->rd_rel->reltuples;
+  index_close(rel, AccessShareLock);
+  return Max(count, static_cast<int64>(estimate));
+}
+
+static OutboxFigures outbox_figures(const MessagingOids& oids) {
+  OutboxFigures figures{};
+  Table outbox;
+  open_table(&outbox, oids.outbox, false);
+  IndexCursor first;
+  cursor_open(&outbox, &first, oids.outbox_pending, GetActiveSnapshot(), nullptr, 0);
+  if (cursor_next(&outbox, &first)) {
+    bool isnull;
+    figures.oldest_undelivered_at =
+        DatumGetTimestampTz(column(&outbox, outbox_column::kEmittedAt, &isnull));
+  }
+  cursor_close(&first);
+  figures.undelivered = count_index(&outbox, oids.outbox_pending, GetActiveSnapshot());
+  figures.dead = count_index(&outbox, oids.outbox_dead, GetActiveSnapshot());
+  close_table(&outbox);
+  return figures;
+}
+
 static Datum stats(FunctionCallInfo fcinfo) {
   InitMaterializedSRF(fcinfo, 0);
   ReturnSetInfo* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
@@ -112,7 +156,7 @@ static Datum stats(FunctionCallInfo fcinfo) {
 
   ReaperStats reaper;
   bool preloaded = reaper_stats(&reaper);
-  Datum values[12] = {
+  Datum values[15] = {
       Int64GetDatum(static_cast<int64>(counts.total)),
       Int64GetDatum(static_cast<int64>(counts.pending)),
       Int64GetDatum(static_cast<int64>(counts.completed)),
@@ -126,7 +170,16 @@ static Datum stats(FunctionCallInfo fcinfo) {
       Int32GetDatum(reaper.worker_pid),
       Int64GetDatum(stale_leases),
   };
-  bool nulls[12] = {};
+  bool nulls[15] = {};
+  // 1.0's idem_stats has 12 columns; 1.1 adds the outbox's three.
+  MessagingOids oids;
+  if (rsinfo->setDesc->natts == 15 && messaging_oids(&oids)) {
+    OutboxFigures outbox = outbox_figures(oids);
+    values[12] = Int64GetDatum(outbox.undelivered);
+    values[13] = Int64GetDatum(outbox.dead);
+    nulls[14] = !outbox.oldest_undelivered_at;
+    values[14] = TimestampTzGetDatum(outbox.oldest_undelivered_at.value_or(0));
+  }
   nulls[6] = nulls[7] = !preloaded;
   nulls[8] = nulls[9] = !preloaded || reaper.last_reap_at == 0;
   nulls[10] = !preloaded || reaper.worker_pid == 0;

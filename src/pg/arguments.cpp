@@ -18,16 +18,22 @@ void require_argument(FunctionCallInfo fcinfo, int n, const char* name) {
     ereport(ERROR, errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("%s must not be null", name));
 }
 
+text* name_argument(FunctionCallInfo fcinfo, int n, const char* name) {
+  require_argument(fcinfo, n, name);
+  text* value = PG_GETARG_TEXT_PP(n);
+  size_t length = VARSIZE_ANY_EXHDR(value);
+  if (length == 0)
+    ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("%s must not be empty", name));
+  if (length > kMaxScopeBytes)
+    ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+            errmsg("%s is %zu bytes long, at most %zu are allowed", name, length, kMaxScopeBytes));
+  return value;
+}
+
 Identity identity_arguments(FunctionCallInfo fcinfo) {
   require_argument(fcinfo, 0, "scope");
   require_argument(fcinfo, 1, "key");
-  text* scope = PG_GETARG_TEXT_PP(0);
-  size_t length = VARSIZE_ANY_EXHDR(scope);
-  if (length == 0)
-    ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("scope must not be empty"));
-  if (length > kMaxScopeBytes)
-    ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-            errmsg("scope is %zu bytes long, at most %zu are allowed", length, kMaxScopeBytes));
+  text* scope = name_argument(fcinfo, 0, "scope");
   return Identity{GetUserId(), scope, PG_GETARG_VARLENA_PP(1)};
 }
 

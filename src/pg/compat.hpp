@@ -45,20 +45,23 @@ inline List* insert_index_tuples(ResultRelInfo* result_rel, TupleTableSlot* slot
 // Which index entries an update needs: none (HOT), all, or (16+) only summarizing ones.
 enum class IndexUpdate { kNone, kAll, kSummarizing };
 
+// `wait` false: a row another transaction is writing is TM_BeingModified (so is one this
+// transaction locked: a locked row is updated with `wait` true, which then cannot wait).
 inline TM_Result tuple_update(Relation heap, ItemPointer tid, TupleTableSlot* slot,
-                              CommandId command, TM_FailureData* failure, IndexUpdate* indexes) {
+                              CommandId command, bool wait, TM_FailureData* failure,
+                              IndexUpdate* indexes) {
   LockTupleMode lock_mode;
 #if PG_VERSION_NUM >= 160000
   TU_UpdateIndexes update = TU_None;
   TM_Result result = table_tuple_update(heap, tid, slot, command, InvalidSnapshot, InvalidSnapshot,
-                                        false, failure, &lock_mode, &update);
+                                        wait, failure, &lock_mode, &update);
   *indexes = update == TU_All           ? IndexUpdate::kAll
              : update == TU_Summarizing ? IndexUpdate::kSummarizing
                                         : IndexUpdate::kNone;
 #else
   bool update = false;
   TM_Result result = table_tuple_update(heap, tid, slot, command, InvalidSnapshot, InvalidSnapshot,
-                                        false, failure, &lock_mode, &update);
+                                        wait, failure, &lock_mode, &update);
   *indexes = update ? IndexUpdate::kAll : IndexUpdate::kNone;
 #endif
   return result;

@@ -10,7 +10,7 @@ extern "C" {
 
 namespace idempotency {
 
-Settings settings = {24 * 60 * 60, 5000, 1024 * 1024, true, 10000, 10000, 1};
+Settings settings = {24 * 60 * 60, 5000, 1024 * 1024, true, 10000, 10000, 1, 0};
 
 void define_settings() {
   DefineCustomIntVariable("idempotency.default_ttl",
@@ -40,6 +40,11 @@ void define_settings() {
   DefineCustomIntVariable(
       "idempotency.max_workers", "Reaper processes the launcher may run at once.", nullptr,
       &settings.max_workers, settings.max_workers, 1, 64, PGC_SIGHUP, 0, nullptr, nullptr, nullptr);
+  DefineCustomIntVariable("idempotency.outbox_retention",
+                          "How long delivered outbox events are kept before the worker removes "
+                          "them.",
+                          nullptr, &settings.outbox_retention_s, settings.outbox_retention_s, 0,
+                          INT_MAX, PGC_SIGHUP, GUC_UNIT_S, nullptr, nullptr, nullptr);
   MarkGUCPrefixReserved("idempotency");
 }
 

@@ -11,6 +11,7 @@ struct Settings {
   int reaper_naptime_ms;   // idempotency.reaper_naptime
   int reaper_batch_size;   // idempotency.reaper_batch_size
   int max_workers;         // idempotency.max_workers
+  int outbox_retention_s;  // idempotency.outbox_retention
 };
 
 extern Settings settings;

@@ -1,6 +1,7 @@
 #include "pg/identity_lock.hpp"
 
 #include <memory>
+#include <string>
 
 #include "core/sha256.hpp"
 #include "pg/waits.hpp"
@@ -25,12 +26,10 @@ static std::string_view bytes_of(const struct varlena* value) {
   return std::string_view(VARDATA_ANY(value), VARSIZE_ANY_EXHDR(value));
 }
 
-// A keyed hash: pg_locks shows the tag to every role, so without the secret any role
-// could test a guessed key of another role for a claim in flight, or craft a key
-// whose lock collides with another role's and make its claims wait.
-static uint64 identity_hash(const Identity& id, const LockSecret& secret) {
-  // The key's blocks are hashed once per backend and secret, not per claim. Never
-  // destroyed: a static destructor would run at exit, after OpenSSL's own cleanup.
+// HMAC-SHA256 keyed with the store's secret, its first 8 bytes. The key's blocks are
+// hashed once per backend and secret, not per lock. Never destroyed: a static
+// destructor would run at exit, after OpenSSL's own cleanup.
+static uint64 keyed_hash(std::initializer_list<std::string_view> parts, const LockSecret& secret) {
   static HmacSha256* keyed = nullptr;
   static LockSecret keyed_with{};
   if (keyed == nullptr || memcmp(&keyed_with, &secret, sizeof(secret)) != 0) {
@@ -40,15 +39,23 @@ static uint64 identity_hash(const Identity& id, const LockSecret& secret) {
     keyed = next.release();
     keyed_with = secret;
   }
-  std::string_view scope = bytes_of(reinterpret_cast<const struct varlena*>(id.scope));
-  uint32 scope_length = scope.size();  // keeps ("ab", "c") and ("a", "bc") apart
-  Digest digest = (*keyed)(
-      {std::string_view(reinterpret_cast<const char*>(&id.role), sizeof(id.role)),
-       std::string_view(reinterpret_cast<const char*>(&scope_length), sizeof(scope_length)), scope,
-       bytes_of(id.key)});
+  Digest digest = (*keyed)(parts);
   uint64 hash;
   memcpy(&hash, digest.data(), sizeof(hash));
   return hash;
+}
+
+// A keyed hash: pg_locks shows the tag to every role, so without the secret any role
+// could test a guessed key of another role for a claim in flight, or craft a key
+// whose lock collides with another role's and make its claims wait.
+static uint64 identity_hash(const Identity& id, const LockSecret& secret) {
+  std::string_view scope = bytes_of(reinterpret_cast<const struct varlena*>(id.scope));
+  uint32 scope_length = scope.size();  // keeps ("ab", "c") and ("a", "bc") apart
+  return keyed_hash(
+      {std::string_view(reinterpret_cast<const char*>(&id.role), sizeof(id.role)),
+       std::string_view(reinterpret_cast<const char*>(&scope_length), sizeof(scope_length)), scope,
+       bytes_of(id.key)},
+      secret);
 }
 
 // The unkeyed hash of 1.0: the lock of a database still at 1.0 (no secret, until
@@ -90,6 +97,32 @@ bool lock_identity(const IdentityLock& lock, TimestampTz deadline) {
 }
 
 void unlock_identity(const IdentityLock& lock) { acquire_or_release(lock.tag, false); }
+
+LOCKTAG messaging_lock(MessagingLock kind, std::initializer_list<std::string_view> parts,
+                       const LockSecret& secret) {
+  // Each part after its length, so that no two lists of parts hash the same bytes; the
+  // kind first, so that no two kinds share a tag.
+  std::string framed(1, static_cast<char>(kind));
+  for (std::string_view part : parts) {
+    uint32 length = part.size();
+    framed.append(reinterpret_cast<const char*>(&length), sizeof(length));
+    framed.append(part);
+  }
+  uint64 hash = keyed_hash({framed}, secret);
+  LOCKTAG tag;
+  SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, static_cast<uint32>(hash >> 32),
+                       static_cast<uint32>(hash), static_cast<uint16>(kind));
+  return tag;
+}
+
+// Under the statement's resource owner, as any transaction lock: at the end of the
+// statement it passes to the (sub)transaction, and an abort releases it.
+bool lock_until_transaction_end(const LOCKTAG& tag, TimestampTz deadline) {
+  long sleep_us = 50;
+  while (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
+    if (!sleep_before_retry(&sleep_us, deadline)) return false;
+  return true;
+}
 
 InsertCount insert_count(const Identity& id) {
   if (insert_counts == nullptr) return InsertCount{nullptr};

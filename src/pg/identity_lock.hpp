@@ -4,6 +4,8 @@
 // written, instead of writing a pending row first.
 #pragma once
 
+#include <initializer_list>
+#include <string_view>
 #include <type_traits>
 
 #include "pg/key_row.hpp"
@@ -30,6 +32,16 @@ IdentityLock identity_lock(const Identity& id, const LockSecret& secret);
 // it through xact.hpp's hold_identity_lock, which records it.
 bool lock_identity(const IdentityLock& lock, TimestampTz deadline);
 void unlock_identity(const IdentityLock& lock);
+
+// The locks of messaging, keyed like the identity locks (pg_locks shows no aggregate,
+// event id or entity that a role could guess): an aggregate's emits, an event id's
+// emit, an entity's applied version. Held until the transaction ends; a
+// subtransaction that aborts releases those it took.
+enum class MessagingLock : uint16 { kAggregate = 4, kEventId = 5, kAppliedEntity = 6 };
+LOCKTAG messaging_lock(MessagingLock kind, std::initializer_list<std::string_view> parts,
+                       const LockSecret& secret);
+// Taken without queueing, polled until `deadline` (false if it passes).
+bool lock_until_transaction_end(const LOCKTAG& tag, TimestampTz deadline);
 
 // Rows inserted under identity locks, counted per slot in shared memory (when
 // preloaded). A probe that found no row needs repeating once the lock is held, unless

@@ -117,6 +117,17 @@ static Datum key_from_uuid(FunctionCallInfo fcinfo) {
   return PointerGetDatum(new_key(stored, sizeof(stored)));
 }
 
+struct varlena* random_uuid_key() {
+  unsigned char uuid[kUuidBytes];
+  if (!pg_strong_random(uuid, sizeof(uuid)))
+    ereport(ERROR, errcode(ERRCODE_INTERNAL_ERROR), errmsg("could not generate random values"));
+  uuid[6] = (uuid[6] & 0x0f) | 0x40;  // version 4 (RFC 9562)
+  uuid[8] = (uuid[8] & 0x3f) | 0x80;  // variant 10
+  char stored[kStoredUuidBytes];
+  store_uuid(uuid, stored);
+  return new_key(stored, sizeof(stored));
+}
+
 }  // namespace idempotency
 
 using namespace idempotency;

@@ -40,9 +40,15 @@ extern "C" {
 
 namespace idempotency {
 
-enum class Sweep { kExpired, kDroppedRoles, kStale };
+enum class Sweep { kExpired, kDroppedRoles, kStale, kMessaging };
 
 static int64 sweep_once(Sweep sweep, int64 max_rows, ReapPosition* position) {
+  if (sweep == Sweep::kMessaging) {
+    Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
+    int64 deleted = sweep_messaging(snapshot, GetCurrentTimestamp(), max_rows);
+    UnregisterSnapshot(snapshot);
+    return deleted;
+  }
   KeyStore store;
   store_open(&store, true);
   Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
@@ -52,6 +58,7 @@ static int64 sweep_once(Sweep sweep, int64 max_rows, ReapPosition* position) {
     case Sweep::kExpired: changed = sweep_expired(&store, snapshot, now, max_rows, position); break;
     case Sweep::kDroppedRoles: changed = sweep_dropped_roles(&store, snapshot, max_rows); break;
     case Sweep::kStale: changed = sweep_stale(&store, snapshot, now, max_rows); break;
+    case Sweep::kMessaging: break;
   }
   UnregisterSnapshot(snapshot);
   store_close(&store);
@@ -105,7 +112,8 @@ PassResult reap_current_database(bool own_transactions, int64 max_rows) {
   TimestampTz started = GetCurrentTimestamp();
   PassResult result{};
   if (own_transactions) {
-    result.deleted = sweep_in_batches(Sweep::kExpired) + sweep_in_batches(Sweep::kDroppedRoles);
+    result.deleted = sweep_in_batches(Sweep::kExpired) + sweep_in_batches(Sweep::kDroppedRoles) +
+                     sweep_in_batches(Sweep::kMessaging);
     result.abandoned = sweep_in_batches(Sweep::kStale);
   } else {
     ReapPosition position;
@@ -114,6 +122,8 @@ PassResult reap_current_database(bool own_transactions, int64 max_rows) {
     result.deleted += sweep_once(Sweep::kDroppedRoles, max_rows - result.deleted, &position);
     CommandCounterIncrement();
     result.abandoned = sweep_once(Sweep::kStale, PG_INT64_MAX, &position);
+    CommandCounterIncrement();
+    result.deleted += sweep_once(Sweep::kMessaging, max_rows - result.deleted, &position);
   }
   TimestampTz now = GetCurrentTimestamp();
   result.ms = (now - started) / 1000;

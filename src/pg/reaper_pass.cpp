@@ -1,7 +1,11 @@
 #include "pg/reaper_pass.hpp"
 
+#include "pg/guc.hpp"
+#include "pg/outbox_row.hpp"
+
 extern "C" {
 #include "miscadmin.h"
+#include "utils/fmgroids.h"
 #include "utils/syscache.h"
 }
 
@@ -60,6 +64,48 @@ static bool stale(KeyStore*, KeyRow*, const StoredRow& view, ItemPointer, void* 
 int64 count_stale(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows) {
   SweepClock clock{now};
   return store_scan_lease_ends(store, snapshot, now, max_rows, stale, &clock);
+}
+
+// Deletes the rows `index` finds at or before `until` that `removable` (asked of each
+// row's locked newest version) allows; rows another transaction holds are skipped.
+template <typename Removable>
+static int64 sweep_index(Table* table, Oid index, Snapshot snapshot, TimestampTz until,
+                         int64 max_rows, Removable removable) {
+  ScanKeyData key;
+  ScanKeyInit(&key, 1, BTLessEqualStrategyNumber, F_TIMESTAMPTZ_LE, TimestampTzGetDatum(until));
+  IndexCursor cursor;
+  cursor_open(table, &cursor, index, snapshot, &key, 1);
+  int64 deleted = 0;
+  while (deleted < max_rows && cursor_next(table, &cursor)) {
+    CHECK_FOR_INTERRUPTS();
+    ItemPointerData tid = table->slot->tts_tid;
+    if (table_lock(table, &tid) != Lock::kLocked || !removable()) continue;
+    tid = table->slot->tts_tid;
+    table_delete(table, &tid);
+    deleted++;
+  }
+  cursor_close(&cursor);
+  return deleted;
+}
+
+int64 sweep_messaging(Snapshot snapshot, TimestampTz now, int64 max_rows) {
+  MessagingOids oids;
+  if (!messaging_oids(&oids)) return 0;
+  Micros retention = static_cast<Micros>(settings.outbox_retention_s) * USECS_PER_SEC;
+  Table outbox;
+  open_table(&outbox, oids.outbox, true);
+  int64 deleted =
+      sweep_index(&outbox, oids.outbox_delivered, snapshot, now - retention, max_rows,
+                  [&] { return is_removable(read_event(&outbox, nullptr), now, retention); });
+  close_table(&outbox);
+  Table applied;
+  open_table(&applied, oids.applied, true);
+  deleted += sweep_index(&applied, oids.applied_expires, snapshot, now, max_rows - deleted, [&] {
+    bool isnull;
+    return DatumGetTimestampTz(column(&applied, applied_column::kExpiresAt, &isnull)) <= now;
+  });
+  close_table(&applied);
+  return deleted;
 }
 
 }  // namespace idempotency

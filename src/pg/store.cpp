@@ -264,8 +264,8 @@ WriteResult store_update(KeyStore* store, ItemPointer tid, KeyRow* row, Transact
   TupleTableSlot* slot = store_row_in_slot(store, row);
   TM_FailureData failure;
   compat::IndexUpdate indexes;
-  TM_Result result =
-      compat::tuple_update(store->heap, tid, slot, GetCurrentCommandId(true), &failure, &indexes);
+  TM_Result result = compat::tuple_update(store->heap, tid, slot, GetCurrentCommandId(true), false,
+                                          &failure, &indexes);
   if (result == TM_Ok) {
     store->wrote = true;
     if (indexes != compat::IndexUpdate::kNone) {

@@ -1,0 +1,24 @@
+// An outbox event's row and the core's OutboxEvent, both ways: the one place where
+// the glue turns an event's stored values into what src/core/outbox.hpp decides on.
+#pragma once
+
+#include "core/outbox.hpp"
+#include "pg/messaging_catalog.hpp"
+#include "pg/table.hpp"
+
+namespace idempotency {
+
+// Whether a text datum holds the same bytes as `b`.
+bool same_text(Datum a, const text* b);
+
+// The row in the table's slot as the core sees it; `relay` (may be null) is the
+// caller's name, to tell whether the event was last leased to it.
+OutboxEvent read_event(Table* outbox, const text* relay);
+
+// Writes `next` over the row in the table's slot (its locked newest version); the
+// relay column becomes `relay` when given, and NULL when the event is requeued; the
+// reason column `reason` when set_reason.
+void write_event(Table* outbox, const OutboxEvent& next, const text* relay, const text* reason,
+                 bool set_reason);
+
+}  // namespace idempotency

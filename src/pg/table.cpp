@@ -1,0 +1,186 @@
+#include "pg/table.hpp"
+
+#include "pg/compat.hpp"
+#include "pg/waits.hpp"
+
+extern "C" {
+#include "access/heapam.h"
+#include "access/relation.h"
+#include "access/table.h"
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "executor/executor.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
+}
+
+namespace idempotency {
+
+void check_columns(Oid heap, const ColumnSpec* columns, int count) {
+  Relation rel = table_open(heap, AccessShareLock);
+  TupleDesc desc = RelationGetDescr(rel);
+  const char* problem = nullptr;
+  if (desc->natts != count)
+    problem = psprintf("It has %d columns; this library expects %d.", desc->natts, count);
+  for (int i = 0; i < count && problem == nullptr; i++) {
+    Form_pg_attribute att = TupleDescAttr(desc, i);
+    const ColumnSpec& want = columns[i];
+    bool type_ok = OidIsValid(want.type) ? att->atttypid == want.type
+                                         : strcmp(format_type_be(att->atttypid), "idem_key") == 0;
+    if (att->attisdropped || strcmp(NameStr(att->attname), want.name) != 0 || !type_ok)
+      problem = psprintf("Column %d is \"%s\" of type %s; this library expects \"%s\".", i + 1,
+                         att->attisdropped ? "(dropped)" : NameStr(att->attname),
+                         format_type_be(att->atttypid), want.name);
+  }
+  const char* name = pstrdup(RelationGetRelationName(rel));
+  table_close(rel, AccessShareLock);
+  if (problem != nullptr)
+    ereport(ERROR, errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+            errmsg("idempotency.%s does not have the columns this library expects", name),
+            errdetail("%s", problem),
+            errhint("Install the idempotency library that matches the extension's version, "
+                    "then run ALTER EXTENSION idempotency UPDATE."));
+}
+
+void open_table(Table* table, Oid heap, bool for_write) {
+  *table = Table{};
+  table->context = CurrentMemoryContext;
+  table->heap = table_open(heap, for_write ? RowExclusiveLock : AccessShareLock);
+  table->slot = table_slot_create(table->heap, nullptr);
+  table->write_slot = table_slot_create(table->heap, nullptr);
+}
+
+void close_table(Table* table) {
+  if (table->estate != nullptr) {
+    ExecCloseIndices(table->result_rel);
+    FreeExecutorState(table->estate);
+  }
+  ExecDropSingleTupleTableSlot(table->write_slot);
+  ExecDropSingleTupleTableSlot(table->slot);
+  table_close(table->heap, NoLock);
+  if (table->wrote) CommandCounterIncrement();
+}
+
+void cursor_open(Table* table, IndexCursor* cursor, Oid index, Snapshot snapshot, ScanKey keys,
+                 int nkeys) {
+  cursor->index = index_open(index, AccessShareLock);
+  cursor->scan = compat::index_beginscan(table->heap, cursor->index, snapshot, nkeys);
+  index_rescan(cursor->scan, keys, nkeys, nullptr, 0);
+}
+
+bool cursor_next(Table* table, IndexCursor* cursor) {
+  return index_getnext_slot(cursor->scan, ForwardScanDirection, table->slot);
+}
+
+void cursor_close(IndexCursor* cursor) {
+  index_endscan(cursor->scan);
+  index_close(cursor->index, NoLock);
+}
+
+bool table_find(Table* table, Oid index, Snapshot snapshot, ScanKey keys, int nkeys) {
+  IndexCursor cursor;
+  cursor_open(table, &cursor, index, snapshot, keys, nkeys);
+  bool found = cursor_next(table, &cursor);
+  cursor_close(&cursor);
+  return found;
+}
+
+RegProcedure index_equality(Oid index, int column) {
+  Relation rel = index_open(index, AccessShareLock);
+  Oid opfamily = rel->rd_opfamily[column];
+  Oid type = rel->rd_opcintype[column];
+  index_close(rel, AccessShareLock);
+  return get_opcode(get_opfamily_member(opfamily, type, type, BTEqualStrategyNumber));
+}
+
+Datum column(Table* table, int attnum, bool* isnull) {
+  return slot_getattr(table->slot, attnum, isnull);
+}
+
+Lock table_lock(Table* table, ItemPointer tid) {
+  TM_FailureData failure;
+  ItemPointerData target = *tid;
+  TM_Result result = table_tuple_lock(table->heap, &target, GetLatestSnapshot(), table->slot,
+                                      GetCurrentCommandId(false), LockTupleExclusive, LockWaitSkip,
+                                      TUPLE_LOCK_FLAG_FIND_LAST_VERSION, &failure);
+  switch (result) {
+    case TM_Ok: return Lock::kLocked;
+    case TM_WouldBlock:
+    case TM_BeingModified: return Lock::kBusy;
+    default: return Lock::kGone;  // deleted (or, to this command, not there)
+  }
+}
+
+Lock table_lock_waiting(Table* table, ItemPointer tid, TimestampTz deadline) {
+  long sleep_us = 50;
+  for (;;) {
+    Lock lock = table_lock(table, tid);
+    if (lock != Lock::kBusy || !sleep_before_retry(&sleep_us, deadline)) return lock;
+  }
+}
+
+static void ensure_executor(Table* table) {
+  if (table->estate != nullptr) return;
+  MemoryContext caller = MemoryContextSwitchTo(table->context);
+  table->estate = CreateExecutorState();
+  table->result_rel = makeNode(ResultRelInfo);
+  InitResultRelInfo(table->result_rel, table->heap, 0, nullptr, 0);
+  ExecOpenIndices(table->result_rel, false);
+  MemoryContextSwitchTo(caller);
+}
+
+static TupleTableSlot* row_in_slot(Table* table, const Datum* values, const bool* nulls) {
+  // Not table->slot: the values may point into the row it holds.
+  TupleTableSlot* slot = table->write_slot;
+  int natts = RelationGetDescr(table->heap)->natts;
+  ExecClearTuple(slot);
+  memcpy(slot->tts_values, values, natts * sizeof(Datum));
+  memcpy(slot->tts_isnull, nulls, natts * sizeof(bool));
+  ExecStoreVirtualTuple(slot);
+  return slot;
+}
+
+void table_insert(Table* table, const Datum* values, const bool* nulls) {
+  ensure_executor(table);
+  TupleTableSlot* slot = row_in_slot(table, values, nulls);
+  table_tuple_insert(table->heap, slot, GetCurrentCommandId(true), 0, nullptr);
+  list_free(compat::insert_index_tuples(table->result_rel, slot, table->estate, false, false,
+                                        nullptr, NIL, false));
+  ResetPerTupleExprContext(table->estate);
+  table->wrote = true;
+}
+
+[[noreturn]] static void raise_concurrent_write(Table* table) {
+  ereport(ERROR, errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+          errmsg("could not serialize access due to concurrent update"),
+          errdetail("A row of idempotency.%s changed outside the extension's functions.",
+                    RelationGetRelationName(table->heap)));
+}
+
+void table_update(Table* table, ItemPointer tid, const Datum* values, const bool* nulls) {
+  ItemPointerData target = *tid;
+  TupleTableSlot* slot = row_in_slot(table, values, nulls);
+  TM_FailureData failure;
+  compat::IndexUpdate indexes;
+  TM_Result result = compat::tuple_update(table->heap, &target, slot, GetCurrentCommandId(true),
+                                          true, &failure, &indexes);
+  if (result != TM_Ok) raise_concurrent_write(table);
+  table->wrote = true;
+  if (indexes == compat::IndexUpdate::kNone) return;
+  ensure_executor(table);
+  list_free(compat::insert_index_tuples(table->result_rel, slot, table->estate, true, false,
+                                        nullptr, NIL,
+                                        indexes == compat::IndexUpdate::kSummarizing));
+  ResetPerTupleExprContext(table->estate);
+}
+
+void table_delete(Table* table, ItemPointer tid) {
+  TM_FailureData failure;
+  TM_Result result = table_tuple_delete(table->heap, tid, GetCurrentCommandId(true),
+                                        InvalidSnapshot, InvalidSnapshot, true, &failure, false);
+  if (result != TM_Ok) raise_concurrent_write(table);
+  table->wrote = true;
+}
+
+}  // namespace idempotency
