@@ -16,9 +16,10 @@
 -- Call it in a transaction block (or from a procedure or function that runs in one):
 --
 --   BEGIN;
---   CALL create_payment('order-1001', 42, 19.99);  -- claimed, {"account": 42, "amount": 19.99, "payment_id": 1}
+--   CALL create_payment('order-1001', 42, 19.99);
+--     -- claimed | {"amount": 19.99, "account": 42, "payment_id": 1}
 --   COMMIT;
---   BEGIN; CALL create_payment('order-1001', 42, 19.99); COMMIT;  -- replay, the same response
+--   BEGIN; CALL create_payment('order-1001', 42, 19.99); COMMIT;   -- replay, the same
 --
 -- The relay (relay.py) reads the outbox with functions that are not granted to PUBLIC:
 --

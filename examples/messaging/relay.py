@@ -127,8 +127,6 @@ def publish(channel, events):
     error is the broker failure that ended the batch early, else None."""
     delivered, dead = [], {}
     for event_id, topic, aggregate, seq, payload, headers, emitted_at, attempt in events:
-        if stopping:
-            break
         try:
             channel.basic_publish(EXCHANGE, topic, payload.encode(),
                                   message_properties(event_id, topic, aggregate, seq, headers,

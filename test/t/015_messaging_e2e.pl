@@ -112,11 +112,12 @@ sub stop_process {
 }
 
 END {
+	my $failed = $? != 0 || !Test::More->builder->is_passing;
 	local $?;
 	for my $process (reverse @processes) {
 		stop_process($process, 'TERM', 15, 1);
 	}
-	if (!Test::More->builder->is_passing) {
+	if ($failed) {
 		for my $log (map { $_->{log} } @processes) {
 			next unless -e $log;
 			my @lines = split /\n/, slurp_file($log);
@@ -305,6 +306,17 @@ ok( wait_until(30,
 		sub { !grep { log_lines($_, qr/connected to the broker/) < 2 } @relays, $consumer }),
 	'after close_all_connections every relay and the consumer reconnected');
 
+# Their PostgreSQL sessions terminated; they reconnect too.
+cmp_ok(
+	$node->safe_psql('shop', q{
+		SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()
+		  AND (usename = 'relay' OR datname = 'ledger')}),
+	'>=', 4, 'the sessions of the relays and the consumer terminated');
+ok( wait_until(30,
+		sub { !grep { log_lines($_, qr/connected to PostgreSQL/) < 2 } @relays, $consumer }),
+	'every relay and the consumer reconnected to PostgreSQL');
+
 # The broker restarted while the load goes on.
 is(stop_rabbit(), 0, 'RabbitMQ stopped cleanly');
 start_rabbit();
@@ -379,7 +391,17 @@ is( $node->safe_psql('ledger',
 		'SELECT count(*) FROM (SELECT event_id FROM applied_events GROUP BY 1 HAVING count(*) > 1) d'),
 	'0', 'no event applied twice');
 
-# Order: each account's events were applied as seq 1, 2, 3, ... in that order.
+# Order: each account's events were applied as seq 1, 2, 3, ... in that order, though
+# every relay published some, and one account's events went through several relays.
+my %relays_of_account;
+for my $relay ($slow, @relays) {
+	ok(scalar(log_lines($relay, qr/ published /)), "$relay->{name} published events");
+	$relays_of_account{$_}{ $relay->{name} } = 1
+	  for map { m{ published \S+ \(payment\.created/(\d+)#} ? $1 : () }
+	  log_lines($relay, qr/ published /);
+}
+cmp_ok(scalar(grep { keys %{ $relays_of_account{$_} } > 1 } keys %relays_of_account),
+	'>', 0, "an account's events were published by more than one relay");
 is( $node->safe_psql('ledger', q{
 		SELECT count(*) FROM (
 		  SELECT seq, row_number() OVER (PARTITION BY topic, account ORDER BY id) AS n
