@@ -53,9 +53,9 @@ TEST(Lease, CountsAttemptsAndSetsTheEnd) {
 
 TEST(Settle, OnlyTheRelayThatHoldsTheEventAcks) {
   EXPECT_TRUE(may_settle(leased(kNow + kSecond, true)));
-  EXPECT_FALSE(may_settle(leased(kNow + kSecond, false)));  // another relay's lease
-  EXPECT_TRUE(may_settle(leased(kNow - kSecond, true)));    // ran out, nobody took it
-  EXPECT_FALSE(may_settle(pending()));                      // never handed out
+  EXPECT_FALSE(may_settle(leased(kNow + kSecond, false)));      // another relay's lease
+  EXPECT_TRUE(may_settle(leased(kNow - kSecond, true)));        // ran out, nobody took it
+  EXPECT_FALSE(may_settle(pending()));                          // never handed out
   EXPECT_FALSE(may_settle(deliver(leased(kNow, true), kNow)));  // a second ack
   EXPECT_FALSE(may_settle(bury(leased(kNow, true))));
 }
