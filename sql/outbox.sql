@@ -405,6 +405,10 @@ SELECT idem_emit('big', jsonb_build_object('blob', repeat('x', 2000)), event_id 
 \echo :LAST_ERROR_SQLSTATE
 SELECT count(*) AS stored FROM idempotency.outbox WHERE topic = 'big';
 SELECT idem_emit('big', jsonb_build_object('blob', repeat('x', 900)), event_id => 'big-2');
+-- Payload and headers count together: each under the limit, both over it.
+SELECT idem_emit('big', jsonb_build_object('blob', repeat('x', 600)),
+                 headers => jsonb_build_object('blob', repeat('x', 600)));
+\echo :LAST_ERROR_SQLSTATE
 RESET idempotency.max_response_size;
 
 -- Writing functions in a read-only transaction: 25006; listing dead letters works.

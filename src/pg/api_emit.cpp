@@ -75,6 +75,7 @@ static Datum emit(FunctionCallInfo fcinfo) {
   bool no_headers = PG_ARGISNULL(3);
   Datum headers = no_headers ? 0 : PG_GETARG_DATUM(3);
   if (!no_headers) check_stored_size(headers, "headers");
+  check_combined_size(payload, headers, "payload and headers");
   bool given_id = !PG_ARGISNULL(4);
   struct varlena* event_id = given_id ? PG_GETARG_VARLENA_PP(4) : random_uuid_key();
   PreventCommandIfReadOnly("idem_emit()");
@@ -101,7 +102,7 @@ static Datum emit(FunctionCallInfo fcinfo) {
     values[col::kPayload - 1] = payload;
     nulls[col::kHeaders - 1] = no_headers;
     values[col::kHeaders - 1] = headers;
-    values[col::kEmittedAt - 1] = TimestampTzGetDatum(now);
+    values[col::kEmittedAt - 1] = TimestampTzGetDatum(GetCurrentTimestamp());  // after waits
     values[col::kState - 1] = CharGetDatum(static_cast<char>(EventState::kPending));
     values[col::kAttempt - 1] = Int32GetDatum(0);
     nulls[col::kRelay - 1] = nulls[col::kLeaseExpiresAt - 1] = nulls[col::kDeliveredAt - 1] =

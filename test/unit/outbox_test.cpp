@@ -128,6 +128,12 @@ TEST(Gate, ADeliveredOrDeadVersionFoundAfterLockingBlocksNothing) {
             (std::vector<bool>{false, false, true}));
 }
 
+TEST(Gate, AnEventOfTheCallingTransactionIsNotCommittedSoNotHandedOut) {
+  OutboxEvent own = pending();
+  own.emitted_here = true;
+  EXPECT_EQ(batch({own, pending()}, {true, true}), (std::vector<bool>{false, false}));
+}
+
 TEST(Gate, AnExpiredLeaseIsHandedOutAgain) {
   EXPECT_EQ(batch({leased(kNow - kSecond, false), pending()}, {true, true}),
             (std::vector<bool>{true, true}));
