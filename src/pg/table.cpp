@@ -23,18 +23,24 @@ namespace idempotency {
 void check_columns(Oid heap, const ColumnSpec* columns, int count) {
   Relation rel = table_open(heap, AccessShareLock);
   TupleDesc desc = RelationGetDescr(rel);
+  int natts = desc->natts;
   const char* problem = nullptr;
-  if (desc->natts != count)
-    problem = psprintf("It has %d columns; this library expects %d.", desc->natts, count);
-  for (int i = 0; i < count && problem == nullptr; i++) {
+  for (int i = 0; i < Max(natts, count) && problem == nullptr; i++) {
+    if (i >= natts || i >= count) {
+      problem = psprintf("It has %d columns; this library expects %d.", natts, count);
+      break;
+    }
     Form_pg_attribute att = TupleDescAttr(desc, i);
     const ColumnSpec& want = columns[i];
+    if (att->attisdropped) {
+      problem = psprintf("Column %d was dropped; this library expects \"%s\".", i + 1, want.name);
+      break;
+    }
     bool type_ok = OidIsValid(want.type) ? att->atttypid == want.type
                                          : strcmp(format_type_be(att->atttypid), "idem_key") == 0;
-    if (att->attisdropped || strcmp(NameStr(att->attname), want.name) != 0 || !type_ok)
+    if (strcmp(NameStr(att->attname), want.name) != 0 || !type_ok)
       problem = psprintf("Column %d is \"%s\" of type %s; this library expects \"%s\".", i + 1,
-                         att->attisdropped ? "(dropped)" : NameStr(att->attname),
-                         format_type_be(att->atttypid), want.name);
+                         NameStr(att->attname), format_type_be(att->atttypid), want.name);
   }
   const char* name = pstrdup(RelationGetRelationName(rel));
   table_close(rel, AccessShareLock);
