@@ -61,7 +61,7 @@ bool is_removable(const OutboxEvent& event, Micros now, Micros retention) noexce
 Admission admit(const OutboxEvent& event, AggregateSeen seen, bool lockable, Micros now) noexcept {
   if (seen == AggregateSeen::kBlocked) return Admission::kSkip;
   if (event.state != EventState::kPending) return Admission::kSkip;
-  if (lockable && is_ready(event, now)) return Admission::kHandOut;
+  if (lockable && is_ready(event, now) && !event.emitted_here) return Admission::kHandOut;
   return Admission::kBlock;
 }
 

@@ -26,6 +26,9 @@ struct OutboxEvent {
   std::optional<Micros> lease_expires_at;  // set once handed out (the last lease)
   std::optional<Micros> delivered_at;
   bool leased_to_caller = false;  // its relay is the one asking
+  // Emitted by the calling transaction, so not committed: a relay in the same
+  // transaction must not publish what may still roll back.
+  bool emitted_here = false;
 };
 
 // Pending and not held by a live lease: a relay may take it.

@@ -1,11 +1,12 @@
 // idem_apply_version: whether a consumer applies a version of an entity (the core's
 // should_apply), recorded in idempotency.applied_versions in the calling transaction.
-// One call at a time per (role, scope, entity): the entity's lock, which the
-// transaction keeps until it ends, so the next call sees what this one recorded.
+// One call at a time per (role, scope, entity): the record this transaction writes
+// is its own until it ends (keyed_write.hpp), so the next call waits and sees it.
 #include "core/outbox.hpp"
 #include "pg/arguments.hpp"
 #include "pg/errors.hpp"
 #include "pg/identity_lock.hpp"
+#include "pg/keyed_write.hpp"
 #include "pg/messaging_catalog.hpp"
 #include "pg/table.hpp"
 
@@ -44,15 +45,6 @@ static Datum apply_version(FunctionCallInfo fcinfo) {
 
   MessagingOids oids = required_messaging_oids();
   Oid role = GetUserId();
-  TimestampTz deadline = default_wait_deadline(now);
-  if (!lock_until_transaction_end(
-          messaging_lock(MessagingLock::kAppliedEntity,
-                         {std::string_view(reinterpret_cast<const char*>(&role), sizeof(role)),
-                          bytes_of(scope), bytes_of(entity)},
-                         store_lock_secret()),
-          deadline))
-    raise_apply_in_progress(scope, entity);
-
   Table applied;
   open_table(&applied, oids.applied, true);
   ScanKeyData keys[3];
@@ -61,42 +53,29 @@ static Datum apply_version(FunctionCallInfo fcinfo) {
                          F_TEXTEQ, PointerGetDatum(scope));
   ScanKeyEntryInitialize(&keys[2], 0, 3, BTEqualStrategyNumber, InvalidOid, C_COLLATION_OID,
                          F_TEXTEQ, PointerGetDatum(entity));
-  // The record, locked: the reaper may be deleting an expired one (then look again).
-  Lock lock = Lock::kGone;
-  bool found;
-  do {
-    Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
-    found = table_find(&applied, oids.applied_pkey, snapshot, keys, 3);
-    UnregisterSnapshot(snapshot);
-    if (found) lock = table_lock_waiting(&applied, &applied.slot->tts_tid, deadline);
-    if (lock == Lock::kBusy) raise_apply_in_progress(scope, entity);
-  } while (found && lock == Lock::kGone);
-
-  std::optional<int64> last;
-  if (found) {
+  namespace col = applied_column;
+  Datum values[col::kCount] = {ObjectIdGetDatum(role), TimestampTzGetDatum(plus(now, ttl)),
+                               Int64GetDatum(version), PointerGetDatum(scope),
+                               PointerGetDatum(entity)};
+  bool nulls[col::kCount] = {};
+  bool apply = false;
+  auto decide = [&](bool found) {
+    std::optional<int64> last;
     bool isnull;
-    TimestampTz expires_at =
-        DatumGetTimestampTz(column(&applied, applied_column::kExpiresAt, &isnull));
-    if (expires_at > now)  // an expired record is forgotten, as an expired key is
-      last = DatumGetInt64(column(&applied, applied_column::kVersion, &isnull));
-  }
-  bool apply = should_apply(last, version);
-  if (apply) {
-    namespace col = applied_column;
-    Datum values[col::kCount];
-    bool nulls[col::kCount] = {};
-    values[col::kRole - 1] = ObjectIdGetDatum(role);
-    values[col::kExpiresAt - 1] = TimestampTzGetDatum(plus(now, ttl));
-    values[col::kVersion - 1] = Int64GetDatum(version);
-    values[col::kScope - 1] = PointerGetDatum(scope);
-    values[col::kEntity - 1] = PointerGetDatum(entity);
-    if (found) {
-      ItemPointerData tid = applied.slot->tts_tid;
-      table_update(&applied, &tid, values, nulls);
-    } else {
-      table_insert(&applied, values, nulls);
-    }
-  }
+    // An expired record is forgotten, as an expired key is, whether reaped yet or not.
+    if (found && DatumGetTimestampTz(column(&applied, col::kExpiresAt, &isnull)) > now)
+      last = DatumGetInt64(column(&applied, col::kVersion, &isnull));
+    apply = should_apply(last, version);
+    if (!apply) return KeyedWrite{};
+    return KeyedWrite{found ? KeyedWrite::kUpdate : KeyedWrite::kInsert, values, nulls};
+  };
+  LOCKTAG lock =
+      messaging_lock(MessagingLock::kAppliedEntity,
+                     {std::string_view(reinterpret_cast<const char*>(&role), sizeof(role)),
+                      bytes_of(scope), bytes_of(entity)},
+                     store_lock_secret());
+  if (!write_keyed(&applied, oids.applied_pkey, keys, 3, lock, default_wait_deadline(now), decide))
+    raise_apply_in_progress(scope, entity);
   close_table(&applied);
   PG_RETURN_BOOL(apply);
 }

@@ -47,6 +47,12 @@ static void put_event(ReturnSetInfo* rsinfo, Table* outbox, int32 attempt) {
 // idem_outbox_claim
 // ---------------------------------------------------------------------------
 
+// A claim examines at most this many pending events per event asked for (and at
+// least kMinWindow), in emission order: behind a backlog held by other relays'
+// leases, a claim returns fewer events (or none) instead of reading the whole queue.
+constexpr int64 kWindowFactor = 10;
+constexpr int64 kMinWindow = 1000;
+
 // An aggregate's entry in a batch's gate: (topic, aggregate) as one fixed-size key.
 struct GateKey {
   char bytes[2 * sizeof(uint32) + 2 * 255];
@@ -124,7 +130,9 @@ static Datum outbox_claim(FunctionCallInfo fcinfo) {
   IndexCursor pending;
   cursor_open(&outbox, &pending, oids.outbox_pending, snapshot, nullptr, 0);
   int32 handed_out = 0;
-  while (handed_out < max_events && cursor_next(&outbox, &pending)) {
+  int64 examined = 0;
+  int64 window = Max(static_cast<int64>(max_events) * kWindowFactor, kMinWindow);
+  while (handed_out < max_events && examined++ < window && cursor_next(&outbox, &pending)) {
     CHECK_FOR_INTERRUPTS();
     MemoryContext caller = MemoryContextSwitchTo(row_context);
     bool isnull;

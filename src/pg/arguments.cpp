@@ -107,6 +107,15 @@ void check_stored_size(Datum value, const char* what) {
                       settings.max_response_bytes));
 }
 
+void check_combined_size(Datum first, Datum second, const char* what) {
+  Size size = toast_raw_datum_size(first) - VARHDRSZ;
+  if (second != 0) size += toast_raw_datum_size(second) - VARHDRSZ;
+  if (size > static_cast<Size>(settings.max_response_bytes))
+    ereport(ERROR, errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED), errmsg("%s are too large", what),
+            errdetail("They are %zu bytes together; idempotency.max_response_size is %d bytes.",
+                      size, settings.max_response_bytes));
+}
+
 static const char* key_text(const Identity& id) { return key_cstring(id.key); }
 
 void raise_in_progress(const Identity& id) {

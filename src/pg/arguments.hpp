@@ -34,6 +34,8 @@ TimestampTz default_wait_deadline(TimestampTz now);
 std::optional<Fingerprint> fingerprint_argument(FunctionCallInfo fcinfo, int n);
 // 54000 when a response, error or checkpoint is over idempotency.max_response_size.
 void check_stored_size(Datum value, const char* what);
+// The same for two values stored together (an event's payload and headers; 0: none).
+void check_combined_size(Datum first, Datum second, const char* what);
 
 TimestampTz plus(TimestampTz t, Interval* span);
 Interval* micros_interval(int64 micros);

@@ -6,6 +6,7 @@
 
 #include <type_traits>
 
+#include "pg/function_ref.hpp"
 #include "pg/key_row.hpp"
 #include "pg/store.hpp"
 
@@ -34,23 +35,6 @@ struct Step {
 enum class Driven {
   kDone,      // a step stopped, or its write succeeded
   kTimedOut,  // waiting for another transaction (or its identity lock) ran out
-};
-
-// A reference to a callable, kept on the stack across calls that can ereport (so
-// trivially destructible, unlike std::function).
-template <typename Fn>
-class FunctionRef;
-template <typename R, typename... Args>
-class FunctionRef<R(Args...)> {
- public:
-  template <typename F>
-  FunctionRef(F& f)  // NOLINT(google-explicit-constructor): passed as a lambda
-      : object_(&f), call_([](void* o, Args... a) -> R { return (*static_cast<F*>(o))(a...); }) {}
-  R operator()(Args... a) const { return call_(object_, a...); }
-
- private:
-  void* object_;
-  R (*call_)(void*, Args...);
 };
 
 using Decide = FunctionRef<Step(const Probe& probe, TimestampTz now)>;

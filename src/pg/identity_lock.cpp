@@ -115,14 +115,14 @@ LOCKTAG messaging_lock(MessagingLock kind, std::initializer_list<std::string_vie
   return tag;
 }
 
-// Under the statement's resource owner, as any transaction lock: at the end of the
-// statement it passes to the (sub)transaction, and an abort releases it.
-bool lock_until_transaction_end(const LOCKTAG& tag, TimestampTz deadline) {
+bool lock_briefly(const LOCKTAG& tag, TimestampTz deadline) {
   long sleep_us = 50;
   while (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
     if (!sleep_before_retry(&sleep_us, deadline)) return false;
   return true;
 }
+
+void unlock_briefly(const LOCKTAG& tag) { LockRelease(&tag, ExclusiveLock, false); }
 
 InsertCount insert_count(const Identity& id) {
   if (insert_counts == nullptr) return InsertCount{nullptr};

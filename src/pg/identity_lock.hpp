@@ -33,15 +33,17 @@ IdentityLock identity_lock(const Identity& id, const LockSecret& secret);
 bool lock_identity(const IdentityLock& lock, TimestampTz deadline);
 void unlock_identity(const IdentityLock& lock);
 
-// The locks of messaging, keyed like the identity locks (pg_locks shows no aggregate,
-// event id or entity that a role could guess): an aggregate's emits, an event id's
-// emit, an entity's applied version. Held until the transaction ends; a
-// subtransaction that aborts releases those it took.
+// The locks of messaging's rows (an event id, an aggregate's counter, an applied
+// entity), keyed like the identity locks, so pg_locks shows nothing a role could
+// guess. Each is held only while one call looks for its row and, finding none,
+// inserts it (src/pg/keyed_write.hpp); the row itself then makes others wait.
 enum class MessagingLock : uint16 { kAggregate = 4, kEventId = 5, kAppliedEntity = 6 };
 LOCKTAG messaging_lock(MessagingLock kind, std::initializer_list<std::string_view> parts,
                        const LockSecret& secret);
-// Taken without queueing, polled until `deadline` (false if it passes).
-bool lock_until_transaction_end(const LOCKTAG& tag, TimestampTz deadline);
+// Taken without queueing, polled until `deadline` (false if it passes); released by
+// the call that took it, or by an error's abort.
+bool lock_briefly(const LOCKTAG& tag, TimestampTz deadline);
+void unlock_briefly(const LOCKTAG& tag);
 
 // Rows inserted under identity locks, counted per slot in shared memory (when
 // preloaded). A probe that found no row needs repeating once the lock is held, unless

@@ -1,5 +1,11 @@
 #include "pg/outbox_row.hpp"
 
+extern "C" {
+#include "access/sysattr.h"
+#include "access/xact.h"
+#include "executor/tuptable.h"
+}
+
 namespace idempotency {
 
 using namespace outbox_column;
@@ -26,6 +32,12 @@ OutboxEvent read_event(Table* outbox, const text* relay) {
   if (!nulls[kDeliveredAt - 1]) event.delivered_at = DatumGetTimestampTz(values[kDeliveredAt - 1]);
   event.leased_to_caller =
       relay != nullptr && !nulls[kRelay - 1] && same_text(values[kRelay - 1], relay);
+  // Only an emit writes an event not yet handed out (attempt 0): this version's
+  // writer is then its emitter.
+  bool isnull;
+  TransactionId writer = DatumGetTransactionId(
+      slot_getsysattr(outbox->slot, MinTransactionIdAttributeNumber, &isnull));
+  event.emitted_here = event.attempt == 0 && TransactionIdIsCurrentTransactionId(writer);
   return event;
 }
 

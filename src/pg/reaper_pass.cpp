@@ -88,6 +88,45 @@ static int64 sweep_index(Table* table, Oid index, Snapshot snapshot, TimestampTz
   return deleted;
 }
 
+// The first role after `after` with applied versions (one probe of the primary key).
+static Oid next_applied_role(Table* applied, Oid index, Snapshot snapshot, Oid after) {
+  ScanKeyData key;
+  ScanKeyInit(&key, 1, BTGreaterStrategyNumber, F_OIDGT, ObjectIdGetDatum(after));
+  IndexCursor cursor;
+  cursor_open(applied, &cursor, index, snapshot, &key, 1);
+  Oid role = InvalidOid;
+  bool isnull;
+  if (cursor_next(applied, &cursor))
+    role = DatumGetObjectId(column(applied, applied_column::kRole, &isnull));
+  cursor_close(&cursor);
+  return role;
+}
+
+// Deletes the applied versions of roles that no longer exist, as the keys'.
+static int64 sweep_applied_of_dropped_roles(Table* applied, Oid index, Snapshot snapshot,
+                                            int64 max_rows) {
+  int64 deleted = 0;
+  for (Oid role = next_applied_role(applied, index, snapshot, InvalidOid);
+       OidIsValid(role) && deleted < max_rows;
+       role = next_applied_role(applied, index, snapshot, role)) {
+    CHECK_FOR_INTERRUPTS();
+    if (SearchSysCacheExists1(AUTHOID, ObjectIdGetDatum(role))) continue;
+    ScanKeyData key;
+    ScanKeyInit(&key, 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(role));
+    IndexCursor cursor;
+    cursor_open(applied, &cursor, index, snapshot, &key, 1);
+    while (deleted < max_rows && cursor_next(applied, &cursor)) {
+      ItemPointerData tid = applied->slot->tts_tid;
+      if (table_lock(applied, &tid) != Lock::kLocked) continue;
+      tid = applied->slot->tts_tid;
+      table_delete(applied, &tid);
+      deleted++;
+    }
+    cursor_close(&cursor);
+  }
+  return deleted;
+}
+
 int64 sweep_messaging(Snapshot snapshot, TimestampTz now, int64 max_rows) {
   MessagingOids oids;
   if (!messaging_oids(&oids)) return 0;
@@ -104,6 +143,8 @@ int64 sweep_messaging(Snapshot snapshot, TimestampTz now, int64 max_rows) {
     bool isnull;
     return DatumGetTimestampTz(column(&applied, applied_column::kExpiresAt, &isnull)) <= now;
   });
+  deleted +=
+      sweep_applied_of_dropped_roles(&applied, oids.applied_pkey, snapshot, max_rows - deleted);
   close_table(&applied);
   return deleted;
 }

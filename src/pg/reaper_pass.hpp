@@ -15,8 +15,9 @@ int64 sweep_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 m
 int64 sweep_dropped_roles(KeyStore* store, Snapshot snapshot, int64 max_rows);
 // Marks pending claims whose lease ran out abandoned; at most max_rows.
 int64 sweep_stale(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows);
-// Removes delivered outbox events older than idempotency.outbox_retention and expired
-// applied versions (idem_apply_version); at most max_rows. Rows being written are
+// Removes delivered outbox events older than idempotency.outbox_retention, and
+// applied versions (idem_apply_version) that expired or whose role no longer exists;
+// at most max_rows. Rows being written are
 // skipped. Nothing in a database whose extension is still at 1.0.
 int64 sweep_messaging(Snapshot snapshot, TimestampTz now, int64 max_rows);
 // Counts pending claims whose lease ran out (the reaper's next work), up to max_rows.

@@ -5,6 +5,7 @@
 
 #include "pg/compat.hpp"
 #include "pg/store_catalog.hpp"
+#include "pg/table.hpp"
 
 #include <optional>
 
@@ -78,59 +79,6 @@ static void init_identity_scankeys(const Identity& id, ScanKeyData keys[3]) {
   ScanKeyEntryInitialize(&keys[1], 0, 2, BTEqualStrategyNumber, InvalidOid, C_COLLATION_OID,
                          F_TEXTEQ, PointerGetDatum(id.scope));
   ScanKeyInit(&keys[2], 3, BTEqualStrategyNumber, store_oids().key_eq, PointerGetDatum(id.key));
-}
-
-// How one row version looks to a dirty snapshot, judged under its buffer's lock as
-// heap_hot_search_buffer would.
-struct VersionLook {
-  bool visible;               // live, or being written by a transaction in progress
-  ItemPointerData successor;  // valid when an update moved the row to another version
-  TransactionId updater;      // that update's transaction
-};
-
-static VersionLook look_at_version(HeapTuple tuple, Buffer buffer, Snapshot dirty) {
-  VersionLook look{};
-  ItemPointerSetInvalid(&look.successor);
-  LockBuffer(buffer, BUFFER_LOCK_SHARE);
-  look.visible = HeapTupleSatisfiesVisibility(tuple, dirty, buffer);
-  HeapTupleHeader header = tuple->t_data;
-  // A HOT successor is returned by the same index entry; only a version with index
-  // entries of its own needs following.
-  if (!look.visible && !(header->t_infomask & HEAP_XMAX_INVALID) &&
-      !HEAP_XMAX_IS_LOCKED_ONLY(header->t_infomask) && !HeapTupleHeaderIsSpeculative(header) &&
-      !HeapTupleHeaderIsHotUpdated(header) && !ItemPointerEquals(&tuple->t_self, &header->t_ctid)) {
-    look.successor = header->t_ctid;
-    look.updater = HeapTupleHeaderGetUpdateXid(header);
-  }
-  LockBuffer(buffer, BUFFER_LOCK_UNLOCK);
-  return look;
-}
-
-// A scan can pass the place where an update puts the new version's index entry just
-// before the update inserts it, and reach the old version just after the update
-// commits: the row would seem gone. So a version an update moved away is followed to
-// its successor, as EvalPlanQual follows update chains. True, with the successor in
-// `slot`, when the chain ends in a version the dirty snapshot sees.
-static bool follow_update_chain(Relation heap, VersionLook look, Snapshot dirty,
-                                TupleTableSlot* slot) {
-  while (ItemPointerIsValid(&look.successor)) {
-    CHECK_FOR_INTERRUPTS();
-    HeapTuple tuple = static_cast<HeapTuple>(palloc(sizeof(HeapTupleData)));
-    tuple->t_self = look.successor;
-    Buffer buffer;
-    if (!heap_fetch(heap, SnapshotAny, tuple, &buffer, false)) return false;  // pruned: gone
-    if (!TransactionIdEquals(HeapTupleHeaderGetRawXmin(tuple->t_data), look.updater)) {
-      ReleaseBuffer(buffer);  // the slot was reused: the chain ended long ago
-      return false;
-    }
-    look = look_at_version(tuple, buffer, dirty);
-    if (look.visible) {
-      ExecStorePinnedBufferHeapTuple(tuple, slot, buffer);
-      return true;
-    }
-    ReleaseBuffer(buffer);
-  }
-  return false;
 }
 
 void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* probe) {

@@ -7,6 +7,7 @@
 
 #include "core/key_state.hpp"
 #include "pg/key_row.hpp"
+#include "pg/store_catalog.hpp"
 #include "pg/postgres.hpp"
 
 extern "C" {
@@ -62,14 +63,6 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
 // caller that then raises an error (cheaper: no speculative insertion).
 enum class OnConflict { kBackOut, kReport };
 bool store_insert(KeyStore* store, KeyRow* row, OnConflict on_conflict);
-
-// The key of the identity locks' hash, generated at install (idempotency.lock_secret);
-// size 0 in a database whose extension is still at 1.0.
-struct LockSecret {
-  unsigned char bytes[32];
-  size_t size;
-};
-LockSecret store_lock_secret();
 
 // Outcome of an update or delete of a probed row.
 enum class WriteResult { kDone, kBusy, kChanged };

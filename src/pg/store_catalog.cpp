@@ -3,6 +3,8 @@
 // Looked up once per backend and forgotten when the relcache says they changed.
 #include "pg/store_catalog.hpp"
 
+#include "pg/table.hpp"
+
 #include <optional>
 
 extern "C" {
@@ -49,37 +51,10 @@ static void forget_oids(Datum, Oid relid) {
   }
 }
 
-// A library must never write columns it does not know (an older library against a
-// newer schema): refuse unless the table has exactly the expected columns.
 static void check_layout(Oid heap) {
-  Relation rel = table_open(heap, AccessShareLock);
-  TupleDesc desc = RelationGetDescr(rel);
-  int natts = desc->natts;
-  const char* problem = nullptr;
-  for (int i = 0; i < Max(natts, kKeysColumns) && problem == nullptr; i++) {
-    if (i >= natts || i >= kKeysColumns) {
-      problem = psprintf("It has %d columns; this library expects %d.", natts, kKeysColumns);
-      break;
-    }
-    Form_pg_attribute att = TupleDescAttr(desc, i);
-    const KeyColumn& want = kKeyColumns[i];
-    if (att->attisdropped) {
-      problem = psprintf("Column %d was dropped; this library expects \"%s\".", i + 1, want.name);
-      break;
-    }
-    bool type_ok = OidIsValid(want.type) ? att->atttypid == want.type
-                                         : strcmp(format_type_be(att->atttypid), "idem_key") == 0;
-    if (strcmp(NameStr(att->attname), want.name) != 0 || !type_ok)
-      problem = psprintf("Column %d is \"%s\" of type %s; this library expects \"%s\".", i + 1,
-                         NameStr(att->attname), format_type_be(att->atttypid), want.name);
-  }
-  table_close(rel, AccessShareLock);
-  if (problem != nullptr)
-    ereport(ERROR, errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-            errmsg("idempotency.keys does not have the columns this library expects"),
-            errdetail("%s", problem),
-            errhint("Install the idempotency library that matches the extension's version, "
-                    "then run ALTER EXTENSION idempotency UPDATE."));
+  ColumnSpec columns[kKeysColumns];
+  for (int i = 0; i < kKeysColumns; i++) columns[i] = {kKeyColumns[i].name, kKeyColumns[i].type};
+  check_columns(heap, columns, kKeysColumns);
 }
 
 const StoreOids& store_oids() {

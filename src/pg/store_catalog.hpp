@@ -1,8 +1,12 @@
 // The store's catalog identity, for the store's own files (store.cpp,
-// store_scans.cpp); callers use store.hpp.
+// store_scans.cpp), and the lock secret (callers reach it through store.hpp).
 #pragma once
 
-#include "pg/store.hpp"
+#include "pg/key_row.hpp"
+
+extern "C" {
+#include "executor/tuptable.h"
+}
 
 namespace idempotency {
 
@@ -20,6 +24,14 @@ struct StoreOids {
 // invalidation of any of them. Opening a relation accepts invalidations: copy what
 // you need before.
 const StoreOids& store_oids();
+
+// The key of the identity locks' hash, generated at install (idempotency.lock_secret);
+// size 0 in a database whose extension is still at 1.0.
+struct LockSecret {
+  unsigned char bytes[32];
+  size_t size;
+};
+LockSecret store_lock_secret();
 
 // A row of a store's slot, its values copied into the current memory context.
 void copy_slot_row(TupleTableSlot* slot, KeyRow* row);

@@ -5,11 +5,14 @@
 
 extern "C" {
 #include "access/heapam.h"
+#include "access/htup_details.h"
 #include "access/relation.h"
 #include "access/table.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "executor/executor.h"
+#include "miscadmin.h"
+#include "storage/bufmgr.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
@@ -20,18 +23,24 @@ namespace idempotency {
 void check_columns(Oid heap, const ColumnSpec* columns, int count) {
   Relation rel = table_open(heap, AccessShareLock);
   TupleDesc desc = RelationGetDescr(rel);
+  int natts = desc->natts;
   const char* problem = nullptr;
-  if (desc->natts != count)
-    problem = psprintf("It has %d columns; this library expects %d.", desc->natts, count);
-  for (int i = 0; i < count && problem == nullptr; i++) {
+  for (int i = 0; i < Max(natts, count) && problem == nullptr; i++) {
+    if (i >= natts || i >= count) {
+      problem = psprintf("It has %d columns; this library expects %d.", natts, count);
+      break;
+    }
     Form_pg_attribute att = TupleDescAttr(desc, i);
     const ColumnSpec& want = columns[i];
+    if (att->attisdropped) {
+      problem = psprintf("Column %d was dropped; this library expects \"%s\".", i + 1, want.name);
+      break;
+    }
     bool type_ok = OidIsValid(want.type) ? att->atttypid == want.type
                                          : strcmp(format_type_be(att->atttypid), "idem_key") == 0;
-    if (att->attisdropped || strcmp(NameStr(att->attname), want.name) != 0 || !type_ok)
+    if (strcmp(NameStr(att->attname), want.name) != 0 || !type_ok)
       problem = psprintf("Column %d is \"%s\" of type %s; this library expects \"%s\".", i + 1,
-                         att->attisdropped ? "(dropped)" : NameStr(att->attname),
-                         format_type_be(att->atttypid), want.name);
+                         NameStr(att->attname), format_type_be(att->atttypid), want.name);
   }
   const char* name = pstrdup(RelationGetRelationName(rel));
   table_close(rel, AccessShareLock);
@@ -41,6 +50,71 @@ void check_columns(Oid heap, const ColumnSpec* columns, int count) {
             errdetail("%s", problem),
             errhint("Install the idempotency library that matches the extension's version, "
                     "then run ALTER EXTENSION idempotency UPDATE."));
+}
+
+// Judged as heap_hot_search_buffer would.
+VersionLook look_at_version(HeapTuple tuple, Buffer buffer, Snapshot dirty) {
+  VersionLook look{};
+  ItemPointerSetInvalid(&look.successor);
+  LockBuffer(buffer, BUFFER_LOCK_SHARE);
+  look.visible = HeapTupleSatisfiesVisibility(tuple, dirty, buffer);
+  HeapTupleHeader header = tuple->t_data;
+  // A HOT successor is returned by the same index entry; only a version with index
+  // entries of its own needs following.
+  if (!look.visible && !(header->t_infomask & HEAP_XMAX_INVALID) &&
+      !HEAP_XMAX_IS_LOCKED_ONLY(header->t_infomask) && !HeapTupleHeaderIsSpeculative(header) &&
+      !HeapTupleHeaderIsHotUpdated(header) && !ItemPointerEquals(&tuple->t_self, &header->t_ctid)) {
+    look.successor = header->t_ctid;
+    look.updater = HeapTupleHeaderGetUpdateXid(header);
+  }
+  LockBuffer(buffer, BUFFER_LOCK_UNLOCK);
+  return look;
+}
+
+// A version an update moved away is followed to its successor, as EvalPlanQual
+// follows update chains.
+bool follow_update_chain(Relation heap, VersionLook look, Snapshot dirty, TupleTableSlot* slot) {
+  while (ItemPointerIsValid(&look.successor)) {
+    CHECK_FOR_INTERRUPTS();
+    HeapTuple tuple = static_cast<HeapTuple>(palloc(sizeof(HeapTupleData)));
+    tuple->t_self = look.successor;
+    Buffer buffer;
+    if (!heap_fetch(heap, SnapshotAny, tuple, &buffer, false)) return false;  // pruned: gone
+    if (!TransactionIdEquals(HeapTupleHeaderGetRawXmin(tuple->t_data), look.updater)) {
+      ReleaseBuffer(buffer);  // the slot was reused: the chain ended long ago
+      return false;
+    }
+    look = look_at_version(tuple, buffer, dirty);
+    if (look.visible) {
+      ExecStorePinnedBufferHeapTuple(tuple, slot, buffer);
+      return true;
+    }
+    ReleaseBuffer(buffer);
+  }
+  return false;
+}
+
+Look table_look(Table* table, Oid index, ScanKey keys, int nkeys) {
+  SnapshotData dirty;
+  InitDirtySnapshot(dirty);
+  IndexCursor cursor;
+  // Every version, each judged here, so that one an update moved away is followed.
+  cursor_open(table, &cursor, index, SnapshotAny, keys, nkeys);
+  Look look{};
+  TupleTableSlot* slot = table->slot;
+  while (cursor_next(table, &cursor)) {
+    bool should_free;
+    HeapTuple tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+    auto buffered = reinterpret_cast<BufferHeapTupleTableSlot*>(slot);
+    VersionLook version = look_at_version(tuple, buffered->buffer, &dirty);
+    if (!version.visible && !follow_update_chain(table->heap, version, &dirty, slot)) continue;
+    look.found = true;
+    look.tid = slot->tts_tid;
+    look.writer = TransactionIdIsValid(dirty.xmin) ? dirty.xmin : dirty.xmax;
+    break;  // one identity has one live version; a writer's is waited for, then looked at again
+  }
+  cursor_close(&cursor);
+  return look;
 }
 
 void open_table(Table* table, Oid heap, bool for_write) {

@@ -66,6 +66,30 @@ RegProcedure index_equality(Oid index, int column);
 // The row's values (1-based attribute numbers), valid while the slot holds it.
 Datum column(Table* table, int attnum, bool* isnull);
 
+// How one row version looks to a dirty snapshot (judged under its buffer's lock);
+// for the key store's probe too.
+struct VersionLook {
+  bool visible;               // live, or being written by a transaction in progress
+  ItemPointerData successor;  // valid when an update moved the row to another version
+  TransactionId updater;      // that update's transaction
+};
+VersionLook look_at_version(HeapTuple tuple, Buffer buffer, Snapshot dirty);
+// A scan can pass the place where an update puts the new version's index entry just
+// before the update inserts it, and reach the old version just after the update
+// commits: the row would seem gone. True, with the successor in `slot`, when the
+// chain of versions ends in one the dirty snapshot sees.
+bool follow_update_chain(Relation heap, VersionLook look, Snapshot dirty, TupleTableSlot* slot);
+
+// What a look at a row by a unique key found: its live version, or the version
+// another transaction in progress is writing (then `writer`, to wait for). The row
+// is in the table's slot.
+struct Look {
+  bool found;
+  ItemPointerData tid;
+  TransactionId writer;
+};
+Look table_look(Table* table, Oid index, ScanKey keys, int nkeys);
+
 enum class Lock {
   kLocked,  // locked; the slot holds its newest version
   kBusy,    // another transaction is writing or locking it

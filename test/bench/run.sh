@@ -21,7 +21,7 @@ fi
 ROUNDS=${ROUNDS:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
 CLIENTS=${CLIENTS:-8}
-SCENARIOS=(bare floor plpgsql ext_new ext_replay ext_hot plpgsql_hot)
+SCENARIOS=(bare floor plpgsql ext_new ext_emit ext_replay ext_hot plpgsql_hot)
 
 work=$(mktemp -d /tmp/idempotency-bench.XXXXXX)
 chmod 755 "$work"
@@ -95,6 +95,33 @@ psql_ -c "VACUUM" -c "CHECKPOINT" >/dev/null
 once_ms=$(value "SELECT extract(epoch FROM clock_timestamp()) * 1000" )
 psql_ -c "SELECT count(*) FROM generate_series(1, 100000) g WHERE idem_once('inbox', ('msg-' || g)::idem_key)" >/dev/null
 once_ms=$(awk -v s="$once_ms" -v e="$(value "SELECT extract(epoch FROM clock_timestamp()) * 1000")" 'BEGIN { print e - s }')
+
+# Messaging. idem_emit's cost: ext_emit against ext_new (from the rounds above).
+emit_ratio=$(awk -v a="$(awk 'NF { print $1 }' <<<"${results[off,ext_emit]}" | median)" \
+  -v b="$(awk 'NF { print $1 }' <<<"${results[off,ext_new]}" | median)" 'BEGIN { printf "%.2f", a / b }')
+# One hot aggregate: every client emits for the same account.
+read -r hot_tps _ hot_failed < <(pgbench_run emit_hot off)
+# The relay: 200,000 events of 1,000 aggregates, drained by 4 relays (claim 500,
+# ack) and then removed by idem_reap (idempotency.outbox_retention 0).
+psql_ -c "ALTER SYSTEM SET idempotency.reaper_enabled = off" -c "SELECT pg_reload_conf()" >/dev/null
+for part in 0 1 2 3; do
+  psql_ -c "SELECT count(idem_emit('bench.relay', jsonb_build_object('n', g), (g % 1000)::text))
+            FROM generate_series($part * 50000 + 1, ($part + 1) * 50000) g" >/dev/null
+done
+psql_ -c "VACUUM ANALYZE idempotency.outbox" -c "CHECKPOINT" >/dev/null
+relay_start=$(date +%s.%N)
+relay_rounds=0
+until [ "$(value "SELECT outbox_undelivered FROM idem_stats()")" = 0 ]; do
+  runuser -u postgres -- env PGOPTIONS="-c synchronous_commit=off" "$PG_BIN/pgbench" -n -h 127.0.0.1 \
+    -p "$port" -c 4 -j 2 -t 25 -f "$work/relay.sql" postgres >/dev/null 2>&1 || true
+  relay_rounds=$((relay_rounds + 1))
+  [ "$relay_rounds" -lt 100 ] || break
+done
+relay_claim_s=$(awk -v s="$relay_start" -v e="$(date +%s.%N)" 'BEGIN { print e - s }')
+remove_start=$(date +%s.%N)
+psql_ -c "SELECT idem_reap()" >/dev/null
+relay_remove_s=$(awk -v s="$remove_start" -v e="$(date +%s.%N)" 'BEGIN { print e - s }')
+psql_ -c "ALTER SYSTEM RESET idempotency.reaper_enabled" -c "SELECT pg_reload_conf()" >/dev/null
 
 # The reaper: one million expired keys, reaped by the worker on an idle server.
 reaper() {
@@ -188,6 +215,9 @@ response_bytes=$(runuser -u postgres -- psql -X -At -h 127.0.0.1 -p "$port" -d s
   echo "| reaper, 1,000,000 expired keys on an idle server | $(awk -v ms="$pass_ms" -v s="$reap_s" 'BEGIN { printf "%.0f keys/s in its pass (%.0f ms); %.1f s from switching it on to the last key gone, including the wait for the next naptime (1 s)", 1000000000 / ms, ms, s }') |"
   echo "| the same while ext_new runs (synchronous_commit off) | reaped in $(printf '%.1f' "$load_s") s; ext_new $tps_reaping TPS while it reaped against $tps_before in the 10 s before ($(awk -v a="$tps_reaping" -v b="$tps_before" 'BEGIN { printf "%.2f", b ? a / b : 0 }')×) |"
   echo "| idem_stats on a table of over 1,000,000 keys | ${stats_ms} ms |"
+  echo "| ext_emit against ext_new (idem_emit with aggregate and event id in the transaction, synchronous_commit off) | ${emit_ratio}× |"
+  echo "| one hot aggregate, $CLIENTS clients emitting (synchronous_commit off) | $hot_tps TPS, $hot_failed failed |"
+  echo "| relay, 200,000 events of 1,000 aggregates, 4 relays (claim 500, ack), then removal | $(awk -v c="$relay_claim_s" -v r="$relay_remove_s" 'BEGIN { printf "%.0f events/s (claim and ack %.1f s, removal %.1f s)", 200000 / (c + r), c, r }') |"
   echo "| bytes per key (table + indexes; 36-character key, response {\"payment_id\": n, \"amount\": 10}), extension | $ext_bytes |"
   echo "| the same, plpgsql | $plpgsql_bytes |"
   echo "| beyond the response ($response_bytes bytes), extension against plpgsql | $(awk -v e="$ext_bytes" -v p="$plpgsql_bytes" -v r="$response_bytes" 'BEGIN { printf "%d / %d = %.2f×", e - r, p - r, (e - r) / (p - r) }') |"

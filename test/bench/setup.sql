@@ -86,6 +86,24 @@ BEGIN
   PERFORM idem_complete('payments', p_key, result);
 END $$;
 
+-- 6. ext_emit: the same, announcing the payment through the outbox in the same
+-- transaction (aggregate = the account, the event id derived from the key).
+CREATE PROCEDURE create_payment_emit(p_key idem_key, p_account bigint, p_amount numeric,
+                                     INOUT result jsonb DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE c idem_claim_result;
+BEGIN
+  c := idem_claim('payments', p_key,
+                  idem_fingerprint(jsonb_build_object('account', p_account, 'amount', p_amount)));
+  IF c.outcome = 'replay' THEN result := c.response; RETURN; END IF;
+  IF c.outcome = 'in_progress' THEN RETURN; END IF;
+  INSERT INTO payments(account, amount) VALUES (p_account, p_amount)
+    RETURNING jsonb_build_object('payment_id', id, 'amount', amount) INTO result;
+  PERFORM idem_emit('payment.created', result, p_account::text, NULL,
+                    idem_derive(p_key, 'payment.created'));
+  PERFORM idem_complete('payments', p_key, result);
+END $$;
+
 -- 100,000 completed keys to replay.
 DO $$
 BEGIN

@@ -53,9 +53,9 @@ TEST(Lease, CountsAttemptsAndSetsTheEnd) {
 
 TEST(Settle, OnlyTheRelayThatHoldsTheEventAcks) {
   EXPECT_TRUE(may_settle(leased(kNow + kSecond, true)));
-  EXPECT_FALSE(may_settle(leased(kNow + kSecond, false)));  // another relay's lease
-  EXPECT_TRUE(may_settle(leased(kNow - kSecond, true)));    // ran out, nobody took it
-  EXPECT_FALSE(may_settle(pending()));                      // never handed out
+  EXPECT_FALSE(may_settle(leased(kNow + kSecond, false)));      // another relay's lease
+  EXPECT_TRUE(may_settle(leased(kNow - kSecond, true)));        // ran out, nobody took it
+  EXPECT_FALSE(may_settle(pending()));                          // never handed out
   EXPECT_FALSE(may_settle(deliver(leased(kNow, true), kNow)));  // a second ack
   EXPECT_FALSE(may_settle(bury(leased(kNow, true))));
 }
@@ -126,6 +126,12 @@ TEST(Gate, ADeliveredOrDeadVersionFoundAfterLockingBlocksNothing) {
   OutboxEvent dead = bury(leased(kNow, false));
   EXPECT_EQ(batch({acked, dead, pending()}, {true, true, true}),
             (std::vector<bool>{false, false, true}));
+}
+
+TEST(Gate, AnEventOfTheCallingTransactionIsNotCommittedSoNotHandedOut) {
+  OutboxEvent own = pending();
+  own.emitted_here = true;
+  EXPECT_EQ(batch({own, pending()}, {true, true}), (std::vector<bool>{false, false}));
 }
 
 TEST(Gate, AnExpiredLeaseIsHandedOutAgain) {

@@ -1,0 +1,43 @@
+#include "pg/keyed_write.hpp"
+
+#include "pg/identity_lock.hpp"
+#include "pg/waits.hpp"
+
+extern "C" {
+#include "miscadmin.h"
+}
+
+namespace idempotency {
+
+bool write_keyed(Table* table, Oid index, ScanKey keys, int nkeys, const LOCKTAG& lock,
+                 TimestampTz deadline, DecideWrite decide) {
+  long sleep_us = 50;
+  for (;;) {
+    CHECK_FOR_INTERRUPTS();
+    if (!lock_briefly(lock, deadline)) return false;
+    Look look = table_look(table, index, keys, nkeys);
+    if (look.found && TransactionIdIsValid(look.writer)) {
+      unlock_briefly(lock);
+      if (!wait_for_writer(look.writer, deadline)) return false;
+      continue;
+    }
+    KeyedWrite write = decide(look.found);
+    Lock row = Lock::kLocked;
+    if (write.kind == KeyedWrite::kInsert) table_insert(table, write.values, write.nulls);
+    // Others update the row only under this lock, but the reaper deletes expired
+    // applied versions without it: it may hold or have deleted the row.
+    if (write.kind == KeyedWrite::kUpdate) {
+      row = table_lock(table, &look.tid);
+      // A newer version than the one decided on: decide again.
+      if (row == Lock::kLocked && !ItemPointerEquals(&table->slot->tts_tid, &look.tid))
+        row = Lock::kGone;
+    }
+    if (row == Lock::kLocked && write.kind == KeyedWrite::kUpdate)
+      table_update(table, &look.tid, write.values, write.nulls);
+    unlock_briefly(lock);
+    if (row == Lock::kLocked) return true;
+    if (row == Lock::kBusy && !sleep_before_retry(&sleep_us, deadline)) return false;
+  }
+}
+
+}  // namespace idempotency
