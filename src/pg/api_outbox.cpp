@@ -51,7 +51,7 @@ static void put_event(ReturnSetInfo* rsinfo, Table* outbox, int32 attempt) {
 // least kMinWindow), in emission order: behind a backlog held by other relays'
 // leases, a claim returns fewer events (or none) instead of reading the whole queue.
 constexpr int64 kWindowFactor = 10;
-constexpr int64 kMinWindow = 1000;
+constexpr int64 kMinWindow = 10000;
 
 // An aggregate's entry in a batch's gate: (topic, aggregate) as one fixed-size key.
 struct GateKey {
