@@ -287,11 +287,7 @@ static Datum outbox_retry(FunctionCallInfo fcinfo) {
 
 static Datum outbox_dead_letters(FunctionCallInfo fcinfo) {
   text* topic = PG_ARGISNULL(0) ? nullptr : PG_GETARG_TEXT_PP(0);
-  require_argument(fcinfo, 1, "max_rows");
-  int32 max_rows = PG_GETARG_INT32(1);
-  if (max_rows < 0)
-    ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-            errmsg("max_rows must not be negative"));
+  int32 max_rows = max_rows_argument(fcinfo, 1);
   InitMaterializedSRF(fcinfo, 0);
   auto rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
   MessagingOids oids = required_messaging_oids();

@@ -84,11 +84,7 @@ static int oldest_first(const ListCell* a, const ListCell* b) {
 // it: then all the role's keys are read and sorted.
 static Datum abandoned(FunctionCallInfo fcinfo) {
   text* scope = PG_ARGISNULL(0) ? nullptr : PG_GETARG_TEXT_PP(0);
-  require_argument(fcinfo, 1, "max_rows");
-  int32 max_rows = PG_GETARG_INT32(1);
-  if (max_rows < 0)
-    ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-            errmsg("max_rows must not be negative"));
+  int32 max_rows = max_rows_argument(fcinfo, 1);
   InitMaterializedSRF(fcinfo, 0);
   ReturnSetInfo* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
 

@@ -37,6 +37,15 @@ Identity identity_arguments(FunctionCallInfo fcinfo) {
   return Identity{GetUserId(), scope, PG_GETARG_VARLENA_PP(1)};
 }
 
+int32 max_rows_argument(FunctionCallInfo fcinfo, int n) {
+  require_argument(fcinfo, n, "max_rows");
+  int32 max_rows = PG_GETARG_INT32(n);
+  if (max_rows < 0)
+    ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+            errmsg("max_rows must not be negative"));
+  return max_rows;
+}
+
 std::optional<int32_t> attempt_argument(FunctionCallInfo fcinfo, int n) {
   if (PG_ARGISNULL(n)) return std::nullopt;
   return PG_GETARG_INT32(n);

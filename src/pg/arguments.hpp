@@ -22,6 +22,8 @@ void require_argument(FunctionCallInfo fcinfo, int n, const char* name);
 Identity identity_arguments(FunctionCallInfo fcinfo);
 // A name of 1 to 255 bytes (a topic, aggregate, relay or entity); NULL is 22004.
 text* name_argument(FunctionCallInfo fcinfo, int n, const char* name);
+// A listing's max_rows: not NULL, not negative.
+int32 max_rows_argument(FunctionCallInfo fcinfo, int n);
 std::optional<int32_t> attempt_argument(FunctionCallInfo fcinfo, int n);
 // The dedup window of a key created now (NULL: idempotency.default_ttl), positive.
 Interval* ttl_argument(FunctionCallInfo fcinfo, int n, TimestampTz now);
