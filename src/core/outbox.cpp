@@ -65,6 +65,10 @@ Admission admit(const OutboxEvent& event, AggregateSeen seen, bool lockable, Mic
   return Admission::kBlock;
 }
 
+bool worth_locking(const OutboxEvent& event, AggregateSeen seen, Micros now) noexcept {
+  return seen != AggregateSeen::kBlocked && is_ready(event, now) && !event.emitted_here;
+}
+
 AggregateSeen after(Admission admission, AggregateSeen seen) noexcept {
   switch (admission) {
     case Admission::kHandOut: return AggregateSeen::kHandedOut;

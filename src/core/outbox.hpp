@@ -63,6 +63,9 @@ enum class Admission { kHandOut, kBlock, kSkip };
 // `lockable`: the glue could lock the row without waiting (another relay is not
 // taking it right now). Events without an aggregate pass kNotYet.
 Admission admit(const OutboxEvent& event, AggregateSeen seen, bool lockable, Micros now) noexcept;
+// Whether locking the event's row could let admit hand it out (else admit decides
+// without the lock: the glue need not take it).
+bool worth_locking(const OutboxEvent& event, AggregateSeen seen, Micros now) noexcept;
 // What the aggregate is after `admission`.
 AggregateSeen after(Admission admission, AggregateSeen seen) noexcept;
 

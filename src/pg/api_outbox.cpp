@@ -149,7 +149,7 @@ static Datum outbox_claim(FunctionCallInfo fcinfo) {
       AggregateSeen seen = entry != nullptr ? entry->seen : AggregateSeen::kNotYet;
       OutboxEvent event = read_event(&outbox, relay);
       bool lockable = false;
-      if (seen != AggregateSeen::kBlocked && is_ready(event, now)) {
+      if (worth_locking(event, seen, now)) {
         ItemPointerData tid = outbox.slot->tts_tid;
         Lock lock = table_lock(&outbox, &tid);
         if (lock == Lock::kGone) {

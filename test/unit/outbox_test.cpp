@@ -139,6 +139,20 @@ TEST(Gate, AnExpiredLeaseIsHandedOutAgain) {
             (std::vector<bool>{true, true}));
 }
 
+TEST(Gate, OnlyAnEventAdmitCouldHandOutIsWorthLocking) {
+  EXPECT_TRUE(worth_locking(pending(), AggregateSeen::kNotYet, kNow));
+  EXPECT_TRUE(worth_locking(pending(), AggregateSeen::kHandedOut, kNow));
+  EXPECT_FALSE(worth_locking(pending(), AggregateSeen::kBlocked, kNow));
+  EXPECT_FALSE(worth_locking(leased(kNow + kSecond, false), AggregateSeen::kNotYet, kNow));
+  OutboxEvent own = pending();
+  own.emitted_here = true;
+  EXPECT_FALSE(worth_locking(own, AggregateSeen::kNotYet, kNow));
+  // Whatever it says, admit without the lock never hands out.
+  for (AggregateSeen seen :
+       {AggregateSeen::kNotYet, AggregateSeen::kHandedOut, AggregateSeen::kBlocked})
+    EXPECT_NE(admit(pending(), seen, false, kNow), Admission::kHandOut);
+}
+
 TEST(Seq, StartsAtOneWithoutGaps) {
   EXPECT_EQ(next_seq(std::nullopt), 1);
   EXPECT_EQ(next_seq(1), 2);
