@@ -2,9 +2,12 @@
 // They read and write idempotency.outbox directly; the rules (which event is ready,
 // the per-aggregate gate, which ack counts) are src/core/outbox.hpp's. Rows are
 // locked without queueing: a relay never waits for another relay's batch.
+#include <optional>
+
 #include "core/outbox.hpp"
 #include "pg/arguments.hpp"
 #include "pg/errors.hpp"
+#include "pg/function_ref.hpp"
 #include "pg/messaging_catalog.hpp"
 #include "pg/outbox_row.hpp"
 #include "pg/table.hpp"
@@ -148,24 +151,32 @@ static Datum outbox_claim(FunctionCallInfo fcinfo) {
       }
       AggregateSeen seen = entry != nullptr ? entry->seen : AggregateSeen::kNotYet;
       OutboxEvent event = read_event(&outbox, relay);
-      bool lockable = false;
-      if (worth_locking(event, seen, now)) {
+      // First as scanned: leased in one write if that version is still the newest and
+      // no other relay holds it.
+      bool free = worth_locking(event, seen, now);
+      Admission admission = admit(event, seen, free, now);
+      Write written = Write::kChanged;
+      if (admission == Admission::kHandOut) {
+        written = write_event(&outbox, lease(event, lease_end), relay, nullptr, false, false);
+        if (written == Write::kBusy) admission = admit(event, seen, false, now);
+      }
+      if (free && written == Write::kChanged) {
+        // Changed since the scan's snapshot: decide on its newest version, locked.
         ItemPointerData tid = outbox.slot->tts_tid;
         Lock lock = table_lock(&outbox, &tid);
-        if (lock == Lock::kGone) {
+        if (lock == Lock::kGone) {  // removed: delivered and reaped
           MemoryContextSwitchTo(caller);
           MemoryContextReset(row_context);
-          continue;  // removed since the scan's snapshot
+          continue;
         }
-        lockable = lock == Lock::kLocked;
-        if (lockable) event = read_event(&outbox, relay);  // its newest version
+        if (lock == Lock::kLocked) event = read_event(&outbox, relay);
+        admission = admit(event, seen, lock == Lock::kLocked, now);
+        if (admission == Admission::kHandOut)
+          write_event(&outbox, lease(event, lease_end), relay, nullptr, false, true);
       }
-      Admission admission = admit(event, seen, lockable, now);
       if (entry != nullptr) entry->seen = after(admission, seen);
       if (admission == Admission::kHandOut) {
-        OutboxEvent next = lease(event, lease_end);
-        write_event(&outbox, next, relay, nullptr, false);
-        put_event(rsinfo, &outbox, next.attempt);
+        put_event(rsinfo, &outbox, lease(event, lease_end).attempt);
         handed_out++;
       }
     }
@@ -182,12 +193,37 @@ static Datum outbox_claim(FunctionCallInfo fcinfo) {
 // Acknowledging, dead letters, retry
 // ---------------------------------------------------------------------------
 
-// Calls settle(event) with each listed event locked in the table's slot (waiting at
-// most idempotency.wait_timeout for each; one that stays busy is left alone, and a
-// relay will have it again); counts those it changed.
-template <typename Settle>
-static int64 for_each_listed(Table* outbox, const MessagingOids& oids, ArrayType* ids,
-                             const text* relay, Settle settle) {
+// What an ack, dead or retry makes of an event, if anything.
+using NextEvent = FunctionRef<std::optional<OutboxEvent>(const OutboxEvent& event)>;
+
+// What the call writes besides the event's state.
+struct Settlement {
+  const text* relay;   // the calling relay (null: retry)
+  const text* reason;  // idem_outbox_dead's
+  bool set_reason;
+  TimestampTz deadline;  // for an event another transaction is writing
+};
+
+// Settles the event version in the table's slot: written as read if it still is the
+// newest and no one else holds it, else decided again on its newest version, locked
+// (waiting until the deadline; an event that stays busy is left alone, and a relay
+// will have it again). True if it was changed.
+static bool settle(Table* outbox, const Settlement& how, NextEvent next) {
+  std::optional<OutboxEvent> event = next(read_event(outbox, how.relay));
+  if (!event) return false;
+  Write written = write_event(outbox, *event, how.relay, how.reason, how.set_reason, false);
+  if (written == Write::kDone) return true;
+  ItemPointerData tid = outbox->slot->tts_tid;
+  if (table_lock_waiting(outbox, &tid, how.deadline) != Lock::kLocked) return false;
+  event = next(read_event(outbox, how.relay));
+  if (!event) return false;
+  write_event(outbox, *event, how.relay, how.reason, how.set_reason, true);
+  return true;
+}
+
+// Settles each listed event (unknown ids and NULLs are ignored); counts those changed.
+static int64 settle_listed(Table* outbox, const MessagingOids& oids, ArrayType* ids,
+                           const Settlement& how, NextEvent next) {
   Datum* elements;
   bool* nulls;
   int count;
@@ -196,7 +232,6 @@ static int64 for_each_listed(Table* outbox, const MessagingOids& oids, ArrayType
   char align;
   get_typlenbyvalalign(ARR_ELEMTYPE(ids), &length, &byval, &align);
   deconstruct_array(ids, ARR_ELEMTYPE(ids), length, byval, align, &elements, &nulls, &count);
-  TimestampTz deadline = default_wait_deadline(GetCurrentTimestamp());
   Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
   int64 changed = 0;
   for (int i = 0; i < count; i++) {
@@ -204,10 +239,8 @@ static int64 for_each_listed(Table* outbox, const MessagingOids& oids, ArrayType
     if (nulls[i]) continue;
     ScanKeyData key;
     ScanKeyInit(&key, 1, BTEqualStrategyNumber, oids.key_eq, elements[i]);
-    if (!table_find(outbox, oids.outbox_pkey, snapshot, &key, 1)) continue;  // unknown
-    ItemPointerData tid = outbox->slot->tts_tid;
-    if (table_lock_waiting(outbox, &tid, deadline) != Lock::kLocked) continue;
-    if (settle(read_event(outbox, relay))) changed++;
+    if (table_find(outbox, oids.outbox_pkey, snapshot, &key, 1) && settle(outbox, how, next))
+      changed++;
   }
   UnregisterSnapshot(snapshot);
   return changed;
@@ -226,11 +259,12 @@ static Datum outbox_ack(FunctionCallInfo fcinfo) {
   Table outbox;
   open_table(&outbox, oids.outbox, true);
   TimestampTz now = GetCurrentTimestamp();
-  int64 acked = for_each_listed(&outbox, oids, ids, relay, [&](const OutboxEvent& event) {
-    if (!may_settle(event)) return false;  // a late ack: another relay has it, or it is done
-    write_event(&outbox, deliver(event, now), relay, nullptr, false);
-    return true;
-  });
+  // A late ack (another relay has the event, or it is done) changes nothing.
+  auto next = [now](const OutboxEvent& event) {
+    return may_settle(event) ? std::optional(deliver(event, now)) : std::nullopt;
+  };
+  int64 acked = settle_listed(&outbox, oids, ids,
+                              Settlement{relay, nullptr, false, default_wait_deadline(now)}, next);
   close_table(&outbox);
   PG_RETURN_INT64(acked);
 }
@@ -244,11 +278,11 @@ static Datum outbox_dead(FunctionCallInfo fcinfo) {
   MessagingOids oids = required_messaging_oids();
   Table outbox;
   open_table(&outbox, oids.outbox, true);
-  int64 buried = for_each_listed(&outbox, oids, ids, relay, [&](const OutboxEvent& event) {
-    if (!may_settle(event)) return false;
-    write_event(&outbox, bury(event), relay, reason, true);
-    return true;
-  });
+  auto next = [](const OutboxEvent& event) {
+    return may_settle(event) ? std::optional(bury(event)) : std::nullopt;
+  };
+  Settlement how{relay, reason, true, default_wait_deadline(GetCurrentTimestamp())};
+  int64 buried = settle_listed(&outbox, oids, ids, how, next);
   close_table(&outbox);
   PG_RETURN_INT64(buried);
 }
@@ -258,25 +292,21 @@ static Datum outbox_retry(FunctionCallInfo fcinfo) {
   MessagingOids oids = required_messaging_oids();
   Table outbox;
   open_table(&outbox, oids.outbox, true);
-  auto requeue_dead = [&](const OutboxEvent& event) {
-    if (!may_requeue(event)) return false;
-    write_event(&outbox, requeue(event), nullptr, nullptr, false);
-    return true;
+  auto next = [](const OutboxEvent& event) {
+    return may_requeue(event) ? std::optional(requeue(event)) : std::nullopt;
   };
+  Settlement how{nullptr, nullptr, false, default_wait_deadline(GetCurrentTimestamp())};
   int64 requeued = 0;
   if (!PG_ARGISNULL(0)) {
-    requeued = for_each_listed(&outbox, oids, PG_GETARG_ARRAYTYPE_P(0), nullptr, requeue_dead);
+    requeued = settle_listed(&outbox, oids, PG_GETARG_ARRAYTYPE_P(0), how, next);
   } else {
-    // Every dead letter, through the dead index; each locked as listed above.
-    TimestampTz deadline = default_wait_deadline(GetCurrentTimestamp());
+    // Every dead letter, through the dead index.
     Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
     IndexCursor dead;
     cursor_open(&outbox, &dead, oids.outbox_dead, snapshot, nullptr, 0);
     while (cursor_next(&outbox, &dead)) {
       CHECK_FOR_INTERRUPTS();
-      ItemPointerData tid = outbox.slot->tts_tid;
-      if (table_lock_waiting(&outbox, &tid, deadline) != Lock::kLocked) continue;
-      if (requeue_dead(read_event(&outbox, nullptr))) requeued++;
+      if (settle(&outbox, how, next)) requeued++;
     }
     cursor_close(&dead);
     UnregisterSnapshot(snapshot);

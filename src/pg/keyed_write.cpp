@@ -22,21 +22,15 @@ bool write_keyed(Table* table, Oid index, ScanKey keys, int nkeys, const LOCKTAG
       continue;
     }
     KeyedWrite write = decide(look.found);
-    Lock row = Lock::kLocked;
-    if (write.kind == KeyedWrite::kInsert) table_insert(table, write.values, write.nulls);
     // Others update the row only under this lock, but the reaper deletes expired
     // applied versions without it: it may hold or have deleted the row.
-    if (write.kind == KeyedWrite::kUpdate) {
-      row = table_lock(table, &look.tid);
-      // A newer version than the one decided on: decide again.
-      if (row == Lock::kLocked && !ItemPointerEquals(&table->slot->tts_tid, &look.tid))
-        row = Lock::kGone;
-    }
-    if (row == Lock::kLocked && write.kind == KeyedWrite::kUpdate)
-      table_update(table, &look.tid, write.values, write.nulls);
+    Write written = Write::kDone;
+    if (write.kind == KeyedWrite::kInsert) table_insert(table, write.values, write.nulls);
+    if (write.kind == KeyedWrite::kUpdate)
+      written = table_try_update(table, &look.tid, write.values, write.nulls);
     unlock_briefly(lock);
-    if (row == Lock::kLocked) return true;
-    if (row == Lock::kBusy && !sleep_before_retry(&sleep_us, deadline)) return false;
+    if (written == Write::kDone) return true;
+    if (written == Write::kBusy && !sleep_before_retry(&sleep_us, deadline)) return false;
   }
 }
 

@@ -23,7 +23,9 @@ struct KeyedWrite {
   const bool* nulls = nullptr;
 };
 
-// found: the key's row is in table->slot. The values written must not point into it.
+// found: the key's row is in table->slot (an update replaces that version, unless it
+// changed meanwhile: then the loop looks again). The values written must not point
+// into it.
 using DecideWrite = FunctionRef<KeyedWrite(bool found)>;
 
 // False when a wait ran out (the caller raises IK005).

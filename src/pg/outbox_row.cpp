@@ -41,8 +41,8 @@ OutboxEvent read_event(Table* outbox, const text* relay) {
   return event;
 }
 
-void write_event(Table* outbox, const OutboxEvent& next, const text* relay, const text* reason,
-                 bool set_reason) {
+Write write_event(Table* outbox, const OutboxEvent& next, const text* relay, const text* reason,
+                  bool set_reason, bool locked) {
   Datum values[kCount];
   bool nulls[kCount];
   slot_getallattrs(outbox->slot);
@@ -63,7 +63,9 @@ void write_event(Table* outbox, const OutboxEvent& next, const text* relay, cons
     values[kReason - 1] = PointerGetDatum(reason);
   }
   ItemPointerData tid = outbox->slot->tts_tid;
+  if (!locked) return table_try_update(outbox, &tid, values, nulls);
   table_update(outbox, &tid, values, nulls);
+  return Write::kDone;
 }
 
 }  // namespace idempotency

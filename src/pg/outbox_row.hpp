@@ -15,10 +15,12 @@ bool same_text(Datum a, const text* b);
 // caller's name, to tell whether the event was last leased to it.
 OutboxEvent read_event(Table* outbox, const text* relay);
 
-// Writes `next` over the row in the table's slot (its locked newest version); the
-// relay column becomes `relay` when given, and NULL when the event is requeued; the
-// reason column `reason` when set_reason.
-void write_event(Table* outbox, const OutboxEvent& next, const text* relay, const text* reason,
-                 bool set_reason);
+// Writes `next` over the row version in the table's slot; the relay column becomes
+// `relay` when given, and NULL when the event is requeued; the reason column `reason`
+// when set_reason. `locked`: the version is the newest and this transaction locked
+// it (always kDone); else it is written only if it still is the newest and no one
+// else holds it (table_try_update).
+Write write_event(Table* outbox, const OutboxEvent& next, const text* relay, const text* reason,
+                  bool set_reason, bool locked);
 
 }  // namespace idempotency

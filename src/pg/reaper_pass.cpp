@@ -67,7 +67,8 @@ int64 count_stale(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max
 }
 
 // Deletes the rows `index` finds at or before `until` that `removable` (asked of each
-// row's locked newest version) allows; rows another transaction holds are skipped.
+// row as read) allows; a row another transaction holds, or that changed since it was
+// read, is skipped (the next pass sees it again).
 template <typename Removable>
 static int64 sweep_index(Table* table, Oid index, Snapshot snapshot, TimestampTz until,
                          int64 max_rows, Removable removable) {
@@ -79,10 +80,7 @@ static int64 sweep_index(Table* table, Oid index, Snapshot snapshot, TimestampTz
   while (deleted < max_rows && cursor_next(table, &cursor)) {
     CHECK_FOR_INTERRUPTS();
     ItemPointerData tid = table->slot->tts_tid;
-    if (table_lock(table, &tid) != Lock::kLocked || !removable()) continue;
-    tid = table->slot->tts_tid;
-    table_delete(table, &tid);
-    deleted++;
+    if (removable() && table_try_delete(table, &tid) == Write::kDone) deleted++;
   }
   cursor_close(&cursor);
   return deleted;
@@ -117,10 +115,7 @@ static int64 sweep_applied_of_dropped_roles(Table* applied, Oid index, Snapshot 
     cursor_open(applied, &cursor, index, snapshot, &key, 1);
     while (deleted < max_rows && cursor_next(applied, &cursor)) {
       ItemPointerData tid = applied->slot->tts_tid;
-      if (table_lock(applied, &tid) != Lock::kLocked) continue;
-      tid = applied->slot->tts_tid;
-      table_delete(applied, &tid);
-      deleted++;
+      if (table_try_delete(applied, &tid) == Write::kDone) deleted++;
     }
     cursor_close(&cursor);
   }

@@ -232,6 +232,17 @@ void table_insert(Table* table, const Datum* values, const bool* nulls) {
                     RelationGetRelationName(table->heap)));
 }
 
+// After an update: the new version's index entries, unless it is a HOT update.
+static void index_new_version(Table* table, compat::IndexUpdate indexes) {
+  table->wrote = true;
+  if (indexes == compat::IndexUpdate::kNone) return;
+  ensure_executor(table);
+  list_free(compat::insert_index_tuples(table->result_rel, table->write_slot, table->estate, true,
+                                        false, nullptr, NIL,
+                                        indexes == compat::IndexUpdate::kSummarizing));
+  ResetPerTupleExprContext(table->estate);
+}
+
 void table_update(Table* table, ItemPointer tid, const Datum* values, const bool* nulls) {
   ItemPointerData target = *tid;
   TupleTableSlot* slot = row_in_slot(table, values, nulls);
@@ -240,21 +251,32 @@ void table_update(Table* table, ItemPointer tid, const Datum* values, const bool
   TM_Result result = compat::tuple_update(table->heap, &target, slot, GetCurrentCommandId(true),
                                           true, &failure, &indexes);
   if (result != TM_Ok) raise_concurrent_write(table);
-  table->wrote = true;
-  if (indexes == compat::IndexUpdate::kNone) return;
-  ensure_executor(table);
-  list_free(compat::insert_index_tuples(table->result_rel, slot, table->estate, true, false,
-                                        nullptr, NIL,
-                                        indexes == compat::IndexUpdate::kSummarizing));
-  ResetPerTupleExprContext(table->estate);
+  index_new_version(table, indexes);
 }
 
-void table_delete(Table* table, ItemPointer tid) {
+Write table_try_update(Table* table, ItemPointer tid, const Datum* values, const bool* nulls) {
+  ItemPointerData target = *tid;
+  TupleTableSlot* slot = row_in_slot(table, values, nulls);
+  TM_FailureData failure;
+  compat::IndexUpdate indexes;
+  TM_Result result = compat::tuple_update(table->heap, &target, slot, GetCurrentCommandId(true),
+                                          false, &failure, &indexes);
+  switch (result) {
+    case TM_Ok: index_new_version(table, indexes); return Write::kDone;
+    case TM_BeingModified: return Write::kBusy;
+    default: return Write::kChanged;
+  }
+}
+
+Write table_try_delete(Table* table, ItemPointer tid) {
   TM_FailureData failure;
   TM_Result result = table_tuple_delete(table->heap, tid, GetCurrentCommandId(true),
-                                        InvalidSnapshot, InvalidSnapshot, true, &failure, false);
-  if (result != TM_Ok) raise_concurrent_write(table);
-  table->wrote = true;
+                                        InvalidSnapshot, InvalidSnapshot, false, &failure, false);
+  switch (result) {
+    case TM_Ok: table->wrote = true; return Write::kDone;
+    case TM_BeingModified: return Write::kBusy;
+    default: return Write::kChanged;
+  }
 }
 
 }  // namespace idempotency

@@ -103,8 +103,15 @@ Lock table_lock_waiting(Table* table, ItemPointer tid, TimestampTz deadline);
 // Writes with index entries. A unique violation (a row made by hand outside the
 // functions) raises 23505.
 void table_insert(Table* table, const Datum* values, const bool* nulls);
-// Updates or deletes a row this transaction locked (or may write: no one else can).
+// Updates a row this transaction locked (or may write: no one else can).
 void table_update(Table* table, ItemPointer tid, const Datum* values, const bool* nulls);
-void table_delete(Table* table, ItemPointer tid);
+// Updates the version at `tid` unless another transaction is writing or locking it
+// (kBusy; so is one this transaction locked) or it is no longer the newest (kChanged:
+// updated or deleted since it was read). kDone means the version decided on was the
+// newest: no lock needed first, one write instead of two.
+enum class Write { kDone, kBusy, kChanged };
+Write table_try_update(Table* table, ItemPointer tid, const Datum* values, const bool* nulls);
+// The same for a delete.
+Write table_try_delete(Table* table, ItemPointer tid);
 
 }  // namespace idempotency
