@@ -170,6 +170,47 @@ show "SELECT keys_total, pending, completed, abandoned, reaped_total, reclaimed_
 
 # ---------------------------------------------------------------------------------
 
+say "part 3: the payment's event, a relay and a consumer (examples/messaging)"
+tell "A shop database and a ledger database. create_payment now also emits the event \
+payment.created in the payment's transaction (idem_emit, aggregate = the account):"
+psql_demo -c "CREATE DATABASE shop" -c "CREATE DATABASE ledger" >/dev/null
+shop() { PGOPTIONS='-c client_min_messages=warning' runuser -u postgres -- psql -X -q \
+  -h 127.0.0.1 -p "$port" -U postgres -d shop -v ON_ERROR_STOP=1 "$@"; }
+ledger() { PGOPTIONS='-c client_min_messages=warning' runuser -u postgres -- psql -X -q \
+  -h 127.0.0.1 -p "$port" -U postgres -d ledger -v ON_ERROR_STOP=1 "$@"; }
+show_in() {  # show_in DB SQL
+  printf '\n    %s=# %s\n' "$1" "$2"
+  OUT=$("$1" <<<"$2")
+  [ -z "$OUT" ] || printf '%s\n' "$OUT" | sed 's/^/    /'
+}
+shop -c "CREATE EXTENSION idempotency" -f examples/messaging/producer.sql >/dev/null
+ledger -c "CREATE EXTENSION idempotency" -f examples/messaging/consumer.sql >/dev/null
+show_in shop "BEGIN; CALL create_payment('order-2001', 42, 19.99); COMMIT;"
+tell "A retry replays and emits nothing; a payment that rolls back takes its event with it:"
+show_in shop "BEGIN; CALL create_payment('order-2001', 42, 19.99); COMMIT;"
+show_in shop "BEGIN; CALL create_payment('order-2002', 42, 5.00); ROLLBACK;"
+show_in shop "BEGIN; CALL create_payment('order-2003', 42, 7.50); COMMIT;"
+show_in shop "SELECT topic, aggregate, seq, payload FROM idempotency.outbox ORDER BY seq;"
+expect "$(shop -At -c "SELECT string_agg(seq::text, ',' ORDER BY seq) FROM idempotency.outbox")" "1,2" \
+  "two events, seq 1 and 2"
+tell "A relay leases the events (here by hand; examples/messaging/relay.py publishes \
+them to RabbitMQ), and acknowledges them once the broker confirmed:"
+show_in shop "SELECT event_id, aggregate, seq, attempt FROM idem_outbox_claim('demo-relay', 10, '30s');"
+events=$(shop -At -F'|' -c "SELECT event_id, topic, aggregate, seq, payload FROM idempotency.outbox ORDER BY seq")
+show_in shop "SELECT idem_outbox_ack('demo-relay', array(SELECT event_id FROM idempotency.outbox));"
+tell "The consumer applies each message in one transaction: idem_once makes a \
+redelivered copy a duplicate, idem_apply_version skips an older seq:"
+while IFS='|' read -r id topic account seq payload; do
+  show_in ledger "CALL apply_event('$id', '$topic', '$account', $seq, '$payload');"
+done <<<"$events"
+first=$(head -1 <<<"$events")
+IFS='|' read -r id topic account seq payload <<<"$first"
+show_in ledger "CALL apply_event('$id', '$topic', '$account', $seq, '$payload');"
+expect "$(ledger -At -c "SELECT balance FROM accounts WHERE account = '42'")" 27.49 "balance 27.49"
+show_in ledger "SELECT account, balance, payments FROM accounts;"
+
+# ---------------------------------------------------------------------------------
+
 say "summary"
 cat <<'SUMMARY'
 - A retry with the same key replayed the stored response: one payment, one payment_id.
@@ -177,5 +218,8 @@ cat <<'SUMMARY'
 - A claim rolled back with its transaction, so the key stayed free for the retry.
 - A lease holder that died after its outside call was taken over from its checkpoint:
   one charge, one shipment.
+- A payment and its event committed together (a rolled-back payment left no event);
+  the relay handed them out in the account's order, and the consumer applied each
+  once, skipping a redelivered copy.
 The throwaway cluster is stopped and removed now.
 SUMMARY
