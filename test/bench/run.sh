@@ -25,7 +25,8 @@ SCENARIOS=(bare floor plpgsql ext_new ext_emit ext_replay ext_hot plpgsql_hot)
 
 work=$(mktemp -d /tmp/idempotency-bench.XXXXXX)
 chmod 755 "$work"
-trap 'stop_cluster "$work/cluster"; rm -rf "$work"' EXIT
+# At exit the objects built for this version go, so that a later build for another starts clean.
+trap 'stop_cluster "$work/cluster"; rm -rf "$work"; make -s clean PG_CONFIG="$PG_CONFIG" >/dev/null' EXIT
 REQUIRED_PACKAGES+=(gnuplot-nox)  # the chart
 ensure_packages
 make -s clean PG_CONFIG="$PG_CONFIG" >/dev/null  # objects of another version's headers
