@@ -243,40 +243,41 @@ static void index_new_version(Table* table, compat::IndexUpdate indexes) {
   ResetPerTupleExprContext(table->estate);
 }
 
-void table_update(Table* table, ItemPointer tid, const Datum* values, const bool* nulls) {
+// One update of the version at `tid`; `wait` as table_tuple_update's.
+static TM_Result update_version(Table* table, ItemPointer tid, const Datum* values,
+                                const bool* nulls, bool wait) {
   ItemPointerData target = *tid;
   TupleTableSlot* slot = row_in_slot(table, values, nulls);
   TM_FailureData failure;
   compat::IndexUpdate indexes;
   TM_Result result = compat::tuple_update(table->heap, &target, slot, GetCurrentCommandId(true),
-                                          true, &failure, &indexes);
-  if (result != TM_Ok) raise_concurrent_write(table);
-  index_new_version(table, indexes);
+                                          wait, &failure, &indexes);
+  if (result == TM_Ok) index_new_version(table, indexes);
+  return result;
 }
 
-Write table_try_update(Table* table, ItemPointer tid, const Datum* values, const bool* nulls) {
-  ItemPointerData target = *tid;
-  TupleTableSlot* slot = row_in_slot(table, values, nulls);
-  TM_FailureData failure;
-  compat::IndexUpdate indexes;
-  TM_Result result = compat::tuple_update(table->heap, &target, slot, GetCurrentCommandId(true),
-                                          false, &failure, &indexes);
+static Write written(TM_Result result) {
   switch (result) {
-    case TM_Ok: index_new_version(table, indexes); return Write::kDone;
+    case TM_Ok: return Write::kDone;
     case TM_BeingModified: return Write::kBusy;
     default: return Write::kChanged;
   }
+}
+
+void table_update(Table* table, ItemPointer tid, const Datum* values, const bool* nulls) {
+  if (update_version(table, tid, values, nulls, true) != TM_Ok) raise_concurrent_write(table);
+}
+
+Write table_try_update(Table* table, ItemPointer tid, const Datum* values, const bool* nulls) {
+  return written(update_version(table, tid, values, nulls, false));
 }
 
 Write table_try_delete(Table* table, ItemPointer tid) {
   TM_FailureData failure;
   TM_Result result = table_tuple_delete(table->heap, tid, GetCurrentCommandId(true),
                                         InvalidSnapshot, InvalidSnapshot, false, &failure, false);
-  switch (result) {
-    case TM_Ok: table->wrote = true; return Write::kDone;
-    case TM_BeingModified: return Write::kBusy;
-    default: return Write::kChanged;
-  }
+  if (result == TM_Ok) table->wrote = true;
+  return written(result);
 }
 
 }  // namespace idempotency

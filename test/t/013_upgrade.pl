@@ -131,12 +131,18 @@ is($node->safe_psql('upgraded', q{SELECT idem_once('inbox', 'message-1')}), 'f',
 is($node->safe_psql('upgraded', q{SELECT idem_once('inbox', 'message-2')}), 't',
 	'and a new one applied');
 
+like($node->safe_psql('upgraded', q{SELECT idem_emit('order.paid', '{"n": 1}', 'order-1');
+  SELECT aggregate || ' ' || seq || ' ' || attempt
+  FROM idem_outbox_claim('relay', 10)}), qr/^order-1 1 1$/m,
+	'the messaging functions of 1.1 work in the updated database');
+
 $node->safe_psql('upgraded', 'CREATE EXTENSION amcheck');
 is($node->safe_psql('upgraded', q{
   SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid,
          LATERAL bt_index_parent_check(i.indexrelid, heapallindexed => true)
-  WHERE c.relnamespace = 'idempotency'::regnamespace}), '5',
-	'amcheck finds every index of the key store consistent');
+  WHERE c.relnamespace = 'idempotency'::regnamespace}), '12',
+	'amcheck finds every index of the extension consistent (keys 4, lock_secret 1, '
+	  . 'outbox 4, outbox_aggregates 1, applied_versions 2)');
 
 $node->stop;
 done_testing();
