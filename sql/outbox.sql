@@ -453,3 +453,21 @@ SELECT id, topic, seq, state, attempt, relay FROM pg_temp.events WHERE topic IN 
 
 DELETE FROM idempotency.outbox;
 DELETE FROM idempotency.outbox_aggregates;
+
+-- No lock outlives a call: one transaction emits for 20,000 aggregates under 20,000
+-- event ids and applies 20,000 entities (a lock held per aggregate, id or entity
+-- until commit would run out of the shared lock table), and holds no advisory lock
+-- after its calls.
+BEGIN;
+SELECT count(idem_emit('many', '{}', 'agg-' || g, event_id => ('many-' || g)::idem_key))
+  FROM generate_series(1, 20000) g;
+SELECT count(*) FILTER (WHERE idem_apply_version('many', 'entity-' || g, 1))
+  FROM generate_series(1, 20000) g;
+SELECT count(*) AS advisory_locks_held FROM pg_locks
+  WHERE locktype = 'advisory' AND pid = pg_backend_pid();
+COMMIT;
+SELECT count(*) AS events, count(DISTINCT aggregate) AS aggregates, max(seq) AS max_seq
+  FROM idempotency.outbox WHERE topic = 'many';
+DELETE FROM idempotency.outbox;
+DELETE FROM idempotency.outbox_aggregates;
+DELETE FROM idempotency.applied_versions;
