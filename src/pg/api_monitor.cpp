@@ -104,7 +104,7 @@ static StateCounts estimate(KeyStore* store) {
 
 // Outbox events are counted exactly through their partial index up to this many;
 // beyond, the index's size from the last VACUUM or ANALYZE is reported if larger.
-constexpr int64 kExactOutboxCount = 100000;
+constexpr int64 kExactOutboxCount = 10000;
 
 struct OutboxFigures {
   int64 undelivered, dead;
