@@ -133,8 +133,6 @@ static void launcher_main(Datum) {
 }
 
 void register_background_worker() {
-  install_utility_hook();
-
   BackgroundWorker launcher = {};
   snprintf(launcher.bgw_name, BGW_MAXLEN, "idempotency launcher");
   snprintf(launcher.bgw_type, BGW_MAXLEN, "idempotency launcher");

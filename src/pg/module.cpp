@@ -1,4 +1,5 @@
-// Module entry: settings, transaction callbacks and, when preloaded, the reaper.
+// Module entry: settings, transaction callbacks, the utility hook and, when preloaded,
+// the reaper.
 #include "pg/errors.hpp"
 #include "pg/guc.hpp"
 #include "pg/shmem.hpp"
@@ -14,6 +15,7 @@ void _PG_init(void) {
   idempotency::guarded([] {
     idempotency::define_settings();
     idempotency::install_transaction_callbacks();
+    idempotency::install_utility_hook();
     // The reaper and the identity locks' insert counts need shared memory, which only
     // a preloaded library can have.
     if (process_shared_preload_libraries_in_progress) {

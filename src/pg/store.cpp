@@ -4,6 +4,7 @@
 #include "pg/store.hpp"
 
 #include "pg/compat.hpp"
+#include "pg/open_relations.hpp"
 #include "pg/store_catalog.hpp"
 #include "pg/table.hpp"
 
@@ -55,21 +56,14 @@ void store_open(KeyStore* store, bool for_write) {
   LOCKMODE mode = for_write ? RowExclusiveLock : AccessShareLock;
   *store = KeyStore{};
   store->context = CurrentMemoryContext;
-  store->heap = table_open(oids.heap, mode);
-  store->index = index_open(oids.index, mode);
+  store->heap = open_for_transaction(oids.heap, mode);
+  store->index = open_for_transaction(oids.index, mode);
   store->read_slot = table_slot_create(store->heap, nullptr);
 }
 
 void store_close(KeyStore* store) {
-  if (store->estate != nullptr) {
-    list_free(store->arbiters);
-    ExecCloseIndices(store->result_rel);
-    FreeExecutorState(store->estate);
-  }
   if (store->write_slot != nullptr) ExecDropSingleTupleTableSlot(store->write_slot);
   ExecDropSingleTupleTableSlot(store->read_slot);
-  index_close(store->index, NoLock);
-  table_close(store->heap, NoLock);
   // Later calls in the same statement must see (and may update) what this one wrote.
   if (store->wrote) CommandCounterIncrement();
 }
@@ -138,18 +132,6 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
   ExecClearTuple(slot);
 }
 
-// Executor state for index maintenance; a HOT update (a completion) needs none.
-static void ensure_executor(KeyStore* store) {
-  if (store->estate != nullptr) return;
-  MemoryContext caller = MemoryContextSwitchTo(store->context);
-  store->estate = CreateExecutorState();
-  store->result_rel = makeNode(ResultRelInfo);
-  InitResultRelInfo(store->result_rel, store->heap, 0, nullptr, 0);
-  ExecOpenIndices(store->result_rel, true);
-  store->arbiters = list_make1_oid(RelationGetRelid(store->index));
-  MemoryContextSwitchTo(caller);
-}
-
 static TupleTableSlot* store_row_in_slot(KeyStore* store, const KeyRow* row) {
   if (store->write_slot == nullptr) {
     MemoryContext caller = MemoryContextSwitchTo(store->context);
@@ -170,24 +152,26 @@ static TupleTableSlot* store_row_in_slot(KeyStore* store, const KeyRow* row) {
 // takes the row back on a conflict; kReport inserts plainly (no speculative lock, no
 // confirmation record) and leaves the row for the caller, who must then fail.
 bool store_insert(KeyStore* store, KeyRow* row, OnConflict on_conflict) {
-  ensure_executor(store);
+  IndexWriter writer = index_writer_for_transaction(store->heap);
+  List* arbiters = list_make1_oid(RelationGetRelid(store->index));
   TupleTableSlot* slot = store_row_in_slot(store, row);
   CommandId command = GetCurrentCommandId(true);
   bool conflict = false;
   if (on_conflict == OnConflict::kReport) {
     table_tuple_insert(store->heap, slot, command, 0, nullptr);
-    list_free(compat::insert_index_tuples(store->result_rel, slot, store->estate, false, true,
-                                          &conflict, store->arbiters, false));
+    list_free(compat::insert_index_tuples(writer.result_rel, slot, writer.estate, false, true,
+                                          &conflict, arbiters, false));
   } else {
     TransactionId xid = GetCurrentTransactionId();
     uint32 token = SpeculativeInsertionLockAcquire(xid);
     table_tuple_insert_speculative(store->heap, slot, command, 0, nullptr, token);
-    list_free(compat::insert_index_tuples(store->result_rel, slot, store->estate, false, true,
-                                          &conflict, store->arbiters, false));
+    list_free(compat::insert_index_tuples(writer.result_rel, slot, writer.estate, false, true,
+                                          &conflict, arbiters, false));
     table_tuple_complete_speculative(store->heap, slot, token, !conflict);
     SpeculativeInsertionLockRelease(xid);
   }
-  ResetPerTupleExprContext(store->estate);
+  ResetPerTupleExprContext(writer.estate);
+  list_free(arbiters);
   store->wrote = true;
   return !conflict;
 }
@@ -217,11 +201,11 @@ WriteResult store_update(KeyStore* store, ItemPointer tid, KeyRow* row, Transact
   if (result == TM_Ok) {
     store->wrote = true;
     if (indexes != compat::IndexUpdate::kNone) {
-      ensure_executor(store);
-      list_free(compat::insert_index_tuples(store->result_rel, slot, store->estate, true, false,
+      IndexWriter writer = index_writer_for_transaction(store->heap);
+      list_free(compat::insert_index_tuples(writer.result_rel, slot, writer.estate, true, false,
                                             nullptr, NIL,
                                             indexes == compat::IndexUpdate::kSummarizing));
-      ResetPerTupleExprContext(store->estate);
+      ResetPerTupleExprContext(writer.estate);
     }
   }
   return write_result(result, failure, writer);

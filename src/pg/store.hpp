@@ -20,17 +20,15 @@ extern "C" {
 
 namespace idempotency {
 
-// The open table and index for one call. Executor state for writes is made lazily,
-// so a replay opens no more than the index it reads.
+// The table and primary key for one call (open_relations keeps them open for the
+// transaction). Executor state for writes is made on the first write, so a replay
+// opens no more than the index it reads.
 struct KeyStore {
   MemoryContext context;  // the opener's: what is made lazily lives as long as the store
   Relation heap;
   Relation index;
   TupleTableSlot* read_slot;
-  EState* estate;
-  ResultRelInfo* result_rel;
-  TupleTableSlot* write_slot;
-  List* arbiters;  // the primary key, for speculative insertion
+  TupleTableSlot* write_slot;  // made on the first write
   bool wrote;
 };
 

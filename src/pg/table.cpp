@@ -1,6 +1,7 @@
 #include "pg/table.hpp"
 
 #include "pg/compat.hpp"
+#include "pg/open_relations.hpp"
 #include "pg/waits.hpp"
 
 extern "C" {
@@ -119,26 +120,20 @@ Look table_look(Table* table, Oid index, ScanKey keys, int nkeys) {
 
 void open_table(Table* table, Oid heap, bool for_write) {
   *table = Table{};
-  table->context = CurrentMemoryContext;
-  table->heap = table_open(heap, for_write ? RowExclusiveLock : AccessShareLock);
+  table->heap = open_for_transaction(heap, for_write ? RowExclusiveLock : AccessShareLock);
   table->slot = table_slot_create(table->heap, nullptr);
   table->write_slot = table_slot_create(table->heap, nullptr);
 }
 
 void close_table(Table* table) {
-  if (table->estate != nullptr) {
-    ExecCloseIndices(table->result_rel);
-    FreeExecutorState(table->estate);
-  }
   ExecDropSingleTupleTableSlot(table->write_slot);
   ExecDropSingleTupleTableSlot(table->slot);
-  table_close(table->heap, NoLock);
   if (table->wrote) CommandCounterIncrement();
 }
 
 void cursor_open(Table* table, IndexCursor* cursor, Oid index, Snapshot snapshot, ScanKey keys,
                  int nkeys) {
-  cursor->index = index_open(index, AccessShareLock);
+  cursor->index = open_for_transaction(index, AccessShareLock);
   cursor->scan = compat::index_beginscan(table->heap, cursor->index, snapshot, nkeys);
   index_rescan(cursor->scan, keys, nkeys, nullptr, 0);
 }
@@ -149,7 +144,6 @@ bool cursor_next(Table* table, IndexCursor* cursor) {
 
 void cursor_close(IndexCursor* cursor) {
   index_endscan(cursor->scan);
-  index_close(cursor->index, NoLock);
 }
 
 bool table_find(Table* table, Oid index, Snapshot snapshot, ScanKey keys, int nkeys) {
@@ -194,16 +188,6 @@ Lock table_lock_waiting(Table* table, ItemPointer tid, TimestampTz deadline) {
   }
 }
 
-static void ensure_executor(Table* table) {
-  if (table->estate != nullptr) return;
-  MemoryContext caller = MemoryContextSwitchTo(table->context);
-  table->estate = CreateExecutorState();
-  table->result_rel = makeNode(ResultRelInfo);
-  InitResultRelInfo(table->result_rel, table->heap, 0, nullptr, 0);
-  ExecOpenIndices(table->result_rel, false);
-  MemoryContextSwitchTo(caller);
-}
-
 static TupleTableSlot* row_in_slot(Table* table, const Datum* values, const bool* nulls) {
   // Not table->slot: the values may point into the row it holds.
   TupleTableSlot* slot = table->write_slot;
@@ -216,12 +200,12 @@ static TupleTableSlot* row_in_slot(Table* table, const Datum* values, const bool
 }
 
 void table_insert(Table* table, const Datum* values, const bool* nulls) {
-  ensure_executor(table);
+  IndexWriter writer = index_writer_for_transaction(table->heap);
   TupleTableSlot* slot = row_in_slot(table, values, nulls);
   table_tuple_insert(table->heap, slot, GetCurrentCommandId(true), 0, nullptr);
-  list_free(compat::insert_index_tuples(table->result_rel, slot, table->estate, false, false,
+  list_free(compat::insert_index_tuples(writer.result_rel, slot, writer.estate, false, false,
                                         nullptr, NIL, false));
-  ResetPerTupleExprContext(table->estate);
+  ResetPerTupleExprContext(writer.estate);
   table->wrote = true;
 }
 
@@ -236,11 +220,11 @@ void table_insert(Table* table, const Datum* values, const bool* nulls) {
 static void index_new_version(Table* table, compat::IndexUpdate indexes) {
   table->wrote = true;
   if (indexes == compat::IndexUpdate::kNone) return;
-  ensure_executor(table);
-  list_free(compat::insert_index_tuples(table->result_rel, table->write_slot, table->estate, true,
+  IndexWriter writer = index_writer_for_transaction(table->heap);
+  list_free(compat::insert_index_tuples(writer.result_rel, table->write_slot, writer.estate, true,
                                         false, nullptr, NIL,
                                         indexes == compat::IndexUpdate::kSummarizing));
-  ResetPerTupleExprContext(table->estate);
+  ResetPerTupleExprContext(writer.estate);
 }
 
 // One update of the version at `tid`; `wait` as table_tuple_update's.

@@ -29,15 +29,11 @@ struct ColumnSpec {
 // never write columns it does not know (an older library against a newer schema).
 void check_columns(Oid heap, const ColumnSpec* columns, int count);
 
-// One table open for a call. Executor state (for index entries) is made on the
-// first write.
+// One table for a call (open_relations keeps it open for the transaction).
 struct Table {
-  MemoryContext context;
   Relation heap;
   TupleTableSlot* slot;        // the row last read or locked
   TupleTableSlot* write_slot;  // the row being written
-  EState* estate;
-  ResultRelInfo* result_rel;
   bool wrote;
 };
 

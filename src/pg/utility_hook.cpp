@@ -1,9 +1,13 @@
-// The utility hook: DROP DATABASE, ALTER DATABASE ... RENAME or SET TABLESPACE and
-// CREATE DATABASE ... TEMPLATE need the database to themselves, and only autovacuum
-// workers are asked to leave by PostgreSQL; so the hook pauses the database (no new
-// reaper) and stops its reaper first, once the command's permission checks would pass.
+// The utility hook. First, it closes the relations the library keeps open for the
+// transaction: TRUNCATE, ALTER TABLE, DROP and the like refuse a table this session
+// has open. Then, with the preloaded library: DROP DATABASE, ALTER DATABASE ...
+// RENAME or SET TABLESPACE and CREATE DATABASE ... TEMPLATE need the database to
+// themselves, and only autovacuum workers are asked to leave by PostgreSQL; so the
+// hook pauses the database (no new reaper) and stops its reaper first, once the
+// command's permission checks would pass.
 #include "pg/compat.hpp"
 #include "pg/errors.hpp"
+#include "pg/open_relations.hpp"
 #include "pg/worker.hpp"
 #include "pg/worker_state.hpp"
 
@@ -134,6 +138,7 @@ static void process_utility(PlannedStmt* statement, const char* query, bool read
                             ProcessUtilityContext context, ParamListInfo params,
                             QueryEnvironment* environment, DestReceiver* destination,
                             QueryCompletion* completion) {
+  close_transaction_relations();
   Oid database = worker_state_ready() ? database_needed_alone(statement->utilityStmt) : InvalidOid;
   // One pause per session: a nested command (PostgreSQL's own have none) runs under
   // the outer one's.

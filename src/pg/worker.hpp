@@ -11,9 +11,10 @@ extern "C" {
 
 namespace idempotency {
 
-// From _PG_init while shared_preload_libraries is processed: the launcher and the
-// utility hook (shared memory is shmem.cpp's).
+// From _PG_init while shared_preload_libraries is processed: the launcher (shared
+// memory is shmem.cpp's).
 void register_background_worker();
+// From _PG_init, preloaded or not (utility_hook.cpp).
 void install_utility_hook();
 
 // The launcher's and workers' shared state, for shmem.cpp.

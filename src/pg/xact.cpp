@@ -6,6 +6,8 @@
 // undone by a rolled-back savepoint.
 #include "pg/xact.hpp"
 
+#include "pg/open_relations.hpp"
+
 #include "pg/errors.hpp"
 #include "pg/identity_lock.hpp"
 #include "pg/key_type.hpp"
@@ -209,12 +211,18 @@ static void check_claims_finished() {
 static void on_transaction_event(XactEvent event, void*) {
   switch (event) {
     case XACT_EVENT_PRE_COMMIT:
-    case XACT_EVENT_PRE_PREPARE: check_claims_finished(); break;
+    case XACT_EVENT_PRE_PREPARE:
+      check_claims_finished();
+      close_transaction_relations();
+      break;
     case XACT_EVENT_COMMIT:
     case XACT_EVENT_ABORT:
     case XACT_EVENT_PREPARE:
     case XACT_EVENT_PARALLEL_COMMIT:
-    case XACT_EVENT_PARALLEL_ABORT: forget_claims(); break;
+    case XACT_EVENT_PARALLEL_ABORT:
+      forget_claims();
+      forget_transaction_relations();
+      break;
     default: break;
   }
 }

@@ -1,0 +1,84 @@
+-- The library keeps its tables, their indexes and the executor state that inserts
+-- index entries open from a transaction's first call until the transaction ends, owned
+-- by the top-level transaction. What that must not change: utility commands in the
+-- same transaction find the tables closed, an index created in the transaction gets
+-- the later rows' entries, a rolled-back savepoint or a caught error leaves the next
+-- call working, and no transaction ends with a relation left open (PostgreSQL would
+-- warn of a reference leak here, at every commit of this file).
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS idempotency;
+RESET client_min_messages;
+DELETE FROM idempotency.outbox;
+DELETE FROM idempotency.outbox_aggregates;
+
+-- TRUNCATE and ALTER TABLE refuse a table the session has open ("is being used by
+-- active queries in this session"): the utility hook closes them first.
+BEGIN;
+SELECT idem_once('or-scope', 'k1') AS first_time;
+TRUNCATE idempotency.keys;
+SELECT idem_once('or-scope', 'k1') AS first_time_again;
+SELECT idem_emit('or.topic', '{"n": 1}', 'agg-1') IS NOT NULL AS emitted;
+ALTER TABLE idempotency.outbox SET (fillfactor = 80);
+SELECT idem_emit('or.topic', '{"n": 2}', 'agg-1') IS NOT NULL AS emitted;
+ROLLBACK;
+
+-- An index created after an emit, in the same transaction, gets the entries of the
+-- emits after it (the executor state made before it is not reused).
+BEGIN;
+SELECT idem_emit('or.index', '{"n": 1}', 'agg-1') IS NOT NULL AS emitted;
+CREATE INDEX outbox_topic_idx ON idempotency.outbox (topic);
+SELECT idem_emit('or.index', '{"n": 2}', 'agg-1') IS NOT NULL AS emitted;
+SELECT idem_emit('or.index', '{"n": 3}', 'agg-2') IS NOT NULL AS emitted;
+SET LOCAL enable_seqscan = off;
+SET LOCAL enable_bitmapscan = off;
+EXPLAIN (COSTS OFF) SELECT count(*) FROM idempotency.outbox WHERE topic = 'or.index';
+SELECT count(*) AS through_the_new_index FROM idempotency.outbox WHERE topic = 'or.index';
+ROLLBACK;
+
+-- A savepoint rolled back after the first call opened the tables: they stay open for
+-- the transaction (a subtransaction's cleanup does not close them under it).
+BEGIN;
+SAVEPOINT first_call;
+SELECT idem_emit('or.savepoint', '{"n": 1}', 'agg-sp') IS NOT NULL AS emitted;
+SELECT idem_once('or-savepoint', 'rolled-back') AS first_time;
+ROLLBACK TO first_call;
+SELECT idem_emit('or.savepoint', '{"n": 2}', 'agg-sp') IS NOT NULL AS emitted;
+SELECT idem_once('or-savepoint', 'kept') AS first_time;
+COMMIT;
+SELECT seq, payload FROM idempotency.outbox WHERE topic = 'or.savepoint';
+SELECT key FROM idempotency.keys WHERE scope = 'or-savepoint' ORDER BY key;
+
+-- An error caught in a PL/pgSQL block, raised after the call opened the key store.
+DO $$
+BEGIN
+  BEGIN
+    PERFORM idem_once('or-caught', 'inside');
+    PERFORM idem_complete('or-caught', 'never-claimed', '{}');
+  EXCEPTION WHEN OTHERS THEN
+    RAISE NOTICE 'caught %', SQLSTATE;
+  END;
+  PERFORM idem_once('or-caught', 'after');
+  PERFORM idem_emit('or.caught', '{}', 'agg-c');
+END $$;
+SELECT key FROM idempotency.keys WHERE scope = 'or-caught' ORDER BY key;
+
+-- A prepared transaction closes them too.
+BEGIN;
+SELECT idem_once('or-2pc', 'prepared') AS first_time;
+SELECT idem_emit('or.2pc', '{}', 'agg-2pc') IS NOT NULL AS emitted;
+PREPARE TRANSACTION 'idem_open_relations';
+COMMIT PREPARED 'idem_open_relations';
+SELECT count(*) AS stored FROM idempotency.keys WHERE scope = 'or-2pc';
+
+-- idem_reap in the transaction that opened the key store, then another call.
+BEGIN;
+SELECT idem_once('or-reap', 'k', ttl => '1 millisecond') AS first_time;
+SELECT pg_sleep(0.01);
+SELECT idem_reap() >= 1 AS reaped_it;
+SELECT idem_once('or-reap', 'k') AS first_time_again;
+COMMIT;
+
+SELECT idem_forget('or-savepoint', 'kept'), idem_forget('or-caught', 'after'),
+       idem_forget('or-2pc', 'prepared'), idem_forget('or-reap', 'k');
+DELETE FROM idempotency.outbox;
+DELETE FROM idempotency.outbox_aggregates;

@@ -1,0 +1,37 @@
+// The library's tables and indexes, opened once per transaction: a transaction that
+// claims, completes and emits opens each relation, and builds the executor state that
+// inserts index entries (the partial indexes' predicates compiled), once instead of
+// once per call. They belong to the top-level transaction, not to a subtransaction
+// that could roll back under them; they are closed before it commits or prepares and
+// before any utility command (TRUNCATE, ALTER TABLE or DROP of one of them must not
+// find it open), and forgotten when it aborts, whose cleanup releases them.
+#pragma once
+
+#include "pg/postgres.hpp"
+
+extern "C" {
+#include "nodes/execnodes.h"
+#include "storage/lockdefs.h"
+#include "utils/rel.h"
+}
+
+namespace idempotency {
+
+// The table or index `relation`, locked at least in `mode` until the transaction ends.
+Relation open_for_transaction(Oid relation, LOCKMODE mode);
+
+// Executor state to insert index entries into the indexes of `heap` (opened with
+// open_for_transaction for writing), with the unique indexes ready to be arbiters.
+// The caller resets its per-tuple memory after each use.
+struct IndexWriter {
+  EState* estate;
+  ResultRelInfo* result_rel;
+};
+IndexWriter index_writer_for_transaction(Relation heap);
+
+// Closes them all (before commit, prepare and utility commands).
+void close_transaction_relations();
+// Forgets them (at abort, which releases them with the transaction's resources).
+void forget_transaction_relations();
+
+}  // namespace idempotency
