@@ -146,7 +146,7 @@ static Datum claim(FunctionCallInfo fcinfo) {
   };
   Probe probe;
   Step step;
-  Driven driven = drive(&store, request.id, request.deadline, false, decide, &probe, &step);
+  Driven driven = drive(&store, request.id, request.deadline, Start::kLook, decide, &probe, &step);
   store_close(&store);
 
   if (driven == Driven::kTimedOut)
@@ -165,6 +165,11 @@ static Datum claim(FunctionCallInfo fcinfo) {
       return claim_result(fcinfo, Outcome::kClaimed, step.row, std::nullopt);
   }
 }
+
+// Whether this backend's last idem_once found its key. A batch consumer's message ids
+// are new, or, when a batch is delivered again, all seen: idem_once inserts first
+// while its calls find new keys, and looks first after one found its key.
+static bool last_once_found_key = false;
 
 // Claims and completes in one write: a fresh key is inserted already completed.
 static Datum once(FunctionCallInfo fcinfo) {
@@ -185,8 +190,10 @@ static Datum once(FunctionCallInfo fcinfo) {
   };
   Probe probe;
   Step step;
-  Driven driven = drive(&store, request.id, request.deadline, false, decide, &probe, &step);
+  Start start = last_once_found_key ? Start::kLook : Start::kInsertFirst;
+  Driven driven = drive(&store, request.id, request.deadline, start, decide, &probe, &step);
   store_close(&store);
+  last_once_found_key = probe.found;
   if (driven == Driven::kTimedOut) raise_in_progress(request.id);
   PG_RETURN_BOOL(step.kind != Step::kStop);
 }

@@ -57,10 +57,24 @@ static void raise_row_in_the_way(const Identity& id) {
           errdetail("Another row of the key was stored while the claim was held."));
 }
 
-Driven drive(KeyStore* store, const Identity& id, TimestampTz deadline, bool absent_waits,
-             Decide decide, Probe* probe, Step* step) {
+Driven drive(KeyStore* store, const Identity& id, TimestampTz deadline, Start start, Decide decide,
+             Probe* probe, Step* step) {
   CallLock lock{id};
   InsertCount inserts = insert_count(id);
+  if (start == Start::kInsertFirst && unwritten_claim(id) == nullptr) {
+    *probe = Probe{};
+    *step = decide(*probe, GetCurrentTimestamp());
+    if (step->kind == Step::kInsert) {
+      if (!lock.take(deadline)) return Driven::kTimedOut;
+      if (store_insert(store, &step->row, OnConflict::kBackOut)) {
+        note_insert(inserts);
+        lock.release();
+        return Driven::kDone;
+      }
+      // A row of the key is there: look at it, still holding the lock.
+    }
+  }
+  bool absent_waits = start == Start::kLookAbsentWaits;
   for (;;) {
     CHECK_FOR_INTERRUPTS();
     uint64 inserts_before = inserts_seen(inserts);

@@ -42,13 +42,23 @@ using Decide = FunctionRef<Step(const Probe& probe, TimestampTz now)>;
 // What this transaction's unwritten claim, or else the store, holds for `id`.
 void probe_key(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* probe);
 
+// How the loop starts.
+enum class Start {
+  kLook,             // look at the key first (a claim)
+  kLookAbsentWaits,  // the same, and finding no row also waits for the identity lock, so
+                     // that another transaction's unwritten claim counts as a row it is
+                     // writing (finishes, forget)
+  kInsertFirst,      // a key expected to be new: insert what `decide` makes of no row,
+                     // under the identity lock, and look only if the primary key holds
+                     // a row of it (one descent of the index instead of two; a row
+                     // found costs an insertion taken back)
+};
+
 // Runs the loop until a step stops or its write succeeds (kDone, with the last look
 // in *probe and what was done in *step), or a wait runs out (kTimedOut; *probe shows
-// the row waited for, or nothing when only the identity lock was). With
-// `absent_waits`, finding no row also waits for the identity lock, so another
-// transaction's unwritten claim counts as a row it is writing (finishes, forget).
-Driven drive(KeyStore* store, const Identity& id, TimestampTz deadline, bool absent_waits,
-             Decide decide, Probe* probe, Step* step);
+// the row waited for, or nothing when only the identity lock was).
+Driven drive(KeyStore* store, const Identity& id, TimestampTz deadline, Start start, Decide decide,
+             Probe* probe, Step* step);
 
 static_assert(std::is_trivially_destructible_v<Step>);
 static_assert(std::is_trivially_destructible_v<Probe>);

@@ -104,6 +104,24 @@ BEGIN
   PERFORM idem_complete('payments', p_key, result);
 END $$;
 
+-- 7. floor_emit: the floor plus ONE plain INSERT of the event's row into an outbox
+-- table with a primary key on a random event id and an index on its position (the
+-- relay's queue): what any table-backed outbox pays at least through SQL, without
+-- per-aggregate order or an id emitted at most once. Against the floor, the least an
+-- event can add to a new key.
+CREATE TABLE floor_outbox (
+  event_id uuid PRIMARY KEY, position bigserial NOT NULL, topic text NOT NULL,
+  aggregate text, payload jsonb NOT NULL, emitted_at timestamptz NOT NULL DEFAULT now());
+CREATE INDEX floor_outbox_position_idx ON floor_outbox (position);
+CREATE PROCEDURE floor_payment_emit(p_key text, p_account bigint, p_amount numeric,
+                                    INOUT result jsonb DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+BEGIN
+  CALL floor_payment(p_key, p_account, p_amount, result);
+  INSERT INTO floor_outbox(event_id, topic, aggregate, payload)
+    VALUES (gen_random_uuid(), 'payment.created', p_account::text, result);
+END $$;
+
 -- 100,000 completed keys to replay.
 DO $$
 BEGIN
