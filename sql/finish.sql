@@ -103,10 +103,11 @@ SELECT idem_once('inbox', 'msg-4');
 ROLLBACK;
 SELECT idem_once('inbox', 'msg-4') AS after_rollback;
 
--- idem_once inserts first while its keys are new (the primary key is the one look:
--- no index scan), and looks first once a key was found (a batch delivered again), so
--- that a redelivered batch takes no insertion back per message. The same answers
--- either way, one row per key.
+-- idem_once inserts first after a call that inserted (the primary key is then its one
+-- look: no index scan), in a transaction that already writes, and looks first after
+-- a call that found its key (a batch delivered again), so that a redelivered batch
+-- takes back one insertion, not one per message. The same answers either way, one
+-- row per key.
 CREATE FUNCTION pg_temp.pkey_scans() RETURNS bigint LANGUAGE sql AS $$
   SELECT pg_stat_get_xact_numscans('idempotency.keys_pkey'::regclass) $$;
 CREATE FUNCTION pg_temp.insertions() RETURNS bigint LANGUAGE sql AS $$
@@ -126,6 +127,13 @@ SELECT count(*) FILTER (WHERE idem_once('redelivery', ('m-' || g)::idem_key)) AS
 COMMIT;
 SELECT count(*) AS keys, count(DISTINCT key) AS distinct_keys
   FROM idempotency.keys WHERE scope = 'redelivery';
+-- A transaction whose calls only find their keys writes nothing and takes no
+-- transaction id, though the backend's last call inserted.
+SELECT idem_once('redelivery', 'one-more') AS inserted;
+BEGIN;
+SELECT idem_once('redelivery', 'm-1') AS applied, idem_once('redelivery', 'm-2') AS applied;
+SELECT pg_current_xact_id_if_assigned() IS NULL AS took_no_transaction_id;
+COMMIT;
 -- An expired key found by an insertion is claimed again in its row.
 UPDATE idempotency.keys SET expires_at = now() - interval '1 second'
   WHERE scope = 'redelivery' AND key = 'm-7';

@@ -7,6 +7,7 @@
 
 extern "C" {
 #include "access/htup_details.h"
+#include "access/xact.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "tcop/utility.h"
@@ -166,10 +167,18 @@ static Datum claim(FunctionCallInfo fcinfo) {
   }
 }
 
-// Whether this backend's last idem_once found its key. A batch consumer's message ids
-// are new, or, when a batch is delivered again, all seen: idem_once inserts first
-// while its calls find new keys, and looks first after one found its key.
-static bool last_once_found_key = false;
+// Whether this backend's last idem_once inserted its key. A batch consumer's message
+// ids are new, or, when a batch is delivered again, all seen: idem_once inserts first
+// after a call that inserted, and looks first after one that found its key. Only in
+// a transaction that already writes (it has a transaction id): one whose calls only
+// find their keys writes nothing and takes no transaction id, as any replay.
+static bool last_once_inserted = false;
+
+static Start once_start() {
+  return last_once_inserted && TransactionIdIsValid(GetTopTransactionIdIfAny())
+             ? Start::kInsertFirst
+             : Start::kLook;
+}
 
 // Claims and completes in one write: a fresh key is inserted already completed.
 static Datum once(FunctionCallInfo fcinfo) {
@@ -190,10 +199,9 @@ static Datum once(FunctionCallInfo fcinfo) {
   };
   Probe probe;
   Step step;
-  Start start = last_once_found_key ? Start::kLook : Start::kInsertFirst;
-  Driven driven = drive(&store, request.id, request.deadline, start, decide, &probe, &step);
+  Driven driven = drive(&store, request.id, request.deadline, once_start(), decide, &probe, &step);
   store_close(&store);
-  last_once_found_key = probe.found;
+  last_once_inserted = driven == Driven::kDone && step.kind == Step::kInsert && !probe.found;
   if (driven == Driven::kTimedOut) raise_in_progress(request.id);
   PG_RETURN_BOOL(step.kind != Step::kStop);
 }
