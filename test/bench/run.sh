@@ -111,6 +111,7 @@ for run in 1 2 3; do
                              SELECT 'inbox', 'msg-$run-' || g, '\\x'::bytea, NULL, now() + interval '24 hours'
                              FROM generate_series(1, 100000) g")"$'\n'
 done
+echo "idem_once runs (ms): $(tr '\n' ' ' <<<"$once_runs")floor: $(tr '\n' ' ' <<<"$once_floor_runs")" >&2
 once_ms=$(awk 'NF' <<<"$once_runs" | median)
 once_floor_ms=$(awk 'NF' <<<"$once_floor_runs" | median)
 
