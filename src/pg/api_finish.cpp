@@ -70,7 +70,8 @@ static void finish(const FinishRequest& request, const char* function) {
   Probe probe;
   Step step;
   TimestampTz deadline = default_wait_deadline(GetCurrentTimestamp());
-  if (drive(&store, request.id, deadline, Start::kLookAbsentWaits, decide, &probe, &step) == Driven::kTimedOut)
+  if (drive(&store, request.id, deadline, Start::kLookAbsentWaits, decide, &probe, &step) ==
+      Driven::kTimedOut)
     raise_in_progress(request.id);
   store_close(&store);
   if (request.kind != Finish::kCheckpoint && is_own_open_claim(probe.view)) note_claim_finished();
@@ -133,7 +134,8 @@ static Datum forget(FunctionCallInfo fcinfo) {
   Probe probe;
   Step step;
   TimestampTz deadline = default_wait_deadline(GetCurrentTimestamp());
-  if (drive(&store, id, deadline, Start::kLookAbsentWaits, decide, &probe, &step) == Driven::kTimedOut)
+  if (drive(&store, id, deadline, Start::kLookAbsentWaits, decide, &probe, &step) ==
+      Driven::kTimedOut)
     raise_in_progress(id);
   store_close(&store);
   if (step.kind == Step::kStop) PG_RETURN_BOOL(false);

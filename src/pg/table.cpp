@@ -142,9 +142,7 @@ bool cursor_next(Table* table, IndexCursor* cursor) {
   return index_getnext_slot(cursor->scan, ForwardScanDirection, table->slot);
 }
 
-void cursor_close(IndexCursor* cursor) {
-  index_endscan(cursor->scan);
-}
+void cursor_close(IndexCursor* cursor) { index_endscan(cursor->scan); }
 
 bool table_find(Table* table, Oid index, Snapshot snapshot, ScanKey keys, int nkeys) {
   IndexCursor cursor;
