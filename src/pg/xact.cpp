@@ -6,11 +6,10 @@
 // undone by a rolled-back savepoint.
 #include "pg/xact.hpp"
 
-#include "pg/open_relations.hpp"
-
 #include "pg/errors.hpp"
 #include "pg/identity_lock.hpp"
 #include "pg/key_type.hpp"
+#include "pg/open_relations.hpp"
 
 extern "C" {
 #include "access/xact.h"
