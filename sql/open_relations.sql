@@ -48,6 +48,19 @@ COMMIT;
 SELECT seq, payload FROM idempotency.outbox WHERE topic = 'or.savepoint';
 SELECT key FROM idempotency.keys WHERE scope = 'or-savepoint' ORDER BY key;
 
+-- An error inside a savepoint, then ROLLBACK TO (a utility command, which closes them
+-- while the subtransaction is aborted), then more calls.
+BEGIN;
+SELECT idem_once('or-savepoint', 'before-error') AS first_time;
+SAVEPOINT before_error;
+SELECT idem_emit('or.savepoint', '{"n": 3}', 'agg-sp') IS NOT NULL AS emitted;
+SELECT 1 / 0;
+ROLLBACK TO before_error;
+SELECT idem_emit('or.savepoint', '{"n": 4}', 'agg-sp') IS NOT NULL AS emitted;
+COMMIT;
+SELECT seq, payload FROM idempotency.outbox WHERE topic = 'or.savepoint' ORDER BY seq;
+SELECT idem_forget('or-savepoint', 'before-error');
+
 -- An error caught in a PL/pgSQL block, raised after the call opened the key store.
 DO $$
 BEGIN
