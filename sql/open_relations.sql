@@ -91,7 +91,58 @@ SELECT idem_reap() >= 1 AS reaped_it;
 SELECT idem_once('or-reap', 'k') AS first_time_again;
 COMMIT;
 
+-- What inserting into the indexes needs to know of them (key columns, uniqueness, the
+-- partial indexes' predicates compiled) is kept for the session, not rebuilt in every
+-- transaction. An index created, replaced or dropped between transactions is seen by
+-- the next call: the new partial index gets exactly the rows its predicate selects.
+SELECT idem_emit('or.session', '{"n": 1}', 'agg-s') IS NOT NULL AS emitted;
+SELECT idem_once('or-session', 'before') AS first_time;
+CREATE INDEX outbox_session_idx ON idempotency.outbox (aggregate) WHERE topic = 'or.session';
+CREATE INDEX keys_session_idx ON idempotency.keys (scope) WHERE scope = 'or-session';
+SELECT idem_emit('or.session', '{"n": 2}', 'agg-s') IS NOT NULL AS emitted;
+SELECT idem_emit('or.other', '{"n": 3}', 'agg-s') IS NOT NULL AS emitted;
+SELECT idem_once('or-session', 'after') AS first_time;
+SELECT idem_once('or-other', 'after') AS first_time;
+SET enable_seqscan = off;
+SET enable_bitmapscan = off;
+-- The rows emitted or claimed after the index was made, through the index.
+EXPLAIN (COSTS OFF)
+SELECT count(*) FROM idempotency.outbox WHERE topic = 'or.session' AND aggregate = 'agg-s';
+SELECT count(*) AS through_the_new_index FROM idempotency.outbox
+ WHERE topic = 'or.session' AND aggregate = 'agg-s' AND payload->>'n' = '2';
+SELECT count(*) AS through_the_new_index FROM idempotency.keys
+ WHERE scope = 'or-session' AND key::text = 'after';
+-- Rebuilt under new OIDs (the predicates compiled again): still maintained.
+REINDEX INDEX CONCURRENTLY idempotency.outbox_session_idx;
+SELECT idem_emit('or.session', '{"n": 4}', 'agg-s') IS NOT NULL AS emitted;
+SELECT count(*) AS through_the_rebuilt_index FROM idempotency.outbox
+ WHERE topic = 'or.session' AND aggregate = 'agg-s' AND payload->>'n' = '4';
+-- A hash index, or an index on an expression, is not kept for the session (the
+-- access method may keep state of its own in the description; an expression is
+-- compiled in the transaction's memory): described in each transaction, maintained.
+CREATE INDEX keys_session_hash_idx ON idempotency.keys USING hash (scope);
+SELECT idem_once('or-session', 'hashed') AS first_time;
+EXPLAIN (COSTS OFF) SELECT count(*) FROM idempotency.keys WHERE scope = 'or-session';
+SELECT count(*) AS through_the_hash_index FROM idempotency.keys WHERE scope = 'or-session';
+DROP INDEX idempotency.keys_session_hash_idx;
+CREATE INDEX keys_session_expr_idx ON idempotency.keys (upper(scope));
+SELECT idem_once('or-session', 'expression-1') AS first_time;
+SELECT idem_once('or-session', 'expression-2') AS first_time;
+EXPLAIN (COSTS OFF) SELECT count(*) FROM idempotency.keys WHERE upper(scope) = 'OR-SESSION';
+SELECT count(*) AS through_the_expression_index FROM idempotency.keys
+ WHERE upper(scope) = 'OR-SESSION';
+RESET enable_seqscan;
+RESET enable_bitmapscan;
+-- Dropped: the next calls do not look for them.
+DROP INDEX idempotency.outbox_session_idx, idempotency.keys_session_idx,
+           idempotency.keys_session_expr_idx;
+SELECT idem_emit('or.session', '{"n": 5}', 'agg-s') IS NOT NULL AS emitted;
+SELECT idem_once('or-session', 'dropped') AS first_time;
+SELECT seq, payload FROM idempotency.outbox WHERE topic = 'or.session' ORDER BY seq;
+
 SELECT idem_forget('or-savepoint', 'kept'), idem_forget('or-caught', 'after'),
        idem_forget('or-2pc', 'prepared'), idem_forget('or-reap', 'k');
+SELECT idem_forget('or-session', k::idem_key) FROM unnest(ARRAY['before', 'after', 'hashed', 'expression-1', 'expression-2', 'dropped']) k;
+SELECT idem_forget('or-other', 'after');
 DELETE FROM idempotency.outbox;
 DELETE FROM idempotency.outbox_aggregates;

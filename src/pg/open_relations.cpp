@@ -1,9 +1,14 @@
 #include "pg/open_relations.hpp"
 
 extern "C" {
+#include "access/genam.h"
 #include "access/relation.h"
+#include "catalog/index.h"
+#include "catalog/pg_am.h"
 #include "executor/executor.h"
+#include "optimizer/optimizer.h"
 #include "storage/lmgr.h"
+#include "utils/inval.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 }
@@ -47,6 +52,116 @@ Entry* find(Oid oid) {
   return nullptr;
 }
 
+// What inserting into a table's indexes needs to know of them (key columns,
+// uniqueness, the partial indexes' predicates compiled), described once per session
+// instead of once per transaction; dropped when the relcache says the table or one of
+// its indexes changed. Only where every index is a B-tree on plain columns: other
+// access methods may keep state of their own in the description, and an index
+// expression's compiled form is made at the first insert in the executor state's
+// memory, which the transaction frees; such a table is described per transaction.
+struct IndexDescriptions {
+  MemoryContext context;  // holds all of it
+  Oid heap;
+  List* indexes;      // their OIDs, in RelationGetIndexList's order
+  IndexInfo** infos;  // one per index
+  bool valid;         // false once invalidated; freed when no writer can use it
+};
+
+List* described = NIL;  // of IndexDescriptions*, in CacheMemoryContext
+
+void forget_descriptions(Datum, Oid relid) {
+  ListCell* cell;
+  foreach (cell, described) {
+    auto d = static_cast<IndexDescriptions*>(lfirst(cell));
+    if (relid == InvalidOid || relid == d->heap || list_member_oid(d->indexes, relid))
+      d->valid = false;
+  }
+}
+
+// Frees the invalidated descriptions: called when the transaction's writers are gone.
+void free_stale_descriptions() {
+  ListCell* cell;
+  foreach (cell, described) {
+    auto d = static_cast<IndexDescriptions*>(lfirst(cell));
+    if (d->valid) continue;
+    described = foreach_delete_current(described, cell);
+    MemoryContextDelete(d->context);
+  }
+}
+
+// `index`'s description as ExecOpenIndices(..., true) builds it, its predicate compiled
+// as ExecInsertIndexTuples would compile it at the first insert.
+IndexInfo* describe(Relation index) {
+  IndexInfo* info = BuildIndexInfo(index);
+  if (info->ii_Unique && !index->rd_index->indisexclusion) BuildSpeculativeIndexInfo(index, info);
+  if (info->ii_Predicate != NIL)
+    info->ii_PredicateState = ExecInitQual(
+        reinterpret_cast<List*>(expression_planner(reinterpret_cast<Expr*>(info->ii_Predicate))),
+        nullptr);
+  return info;
+}
+
+bool describable_for_session(Relation index) {
+  if (index->rd_rel->relam != BTREE_AM_OID) return false;
+  for (int i = 0; i < index->rd_index->indnatts; i++)
+    if (index->rd_index->indkey.values[i] == 0) return false;  // an expression
+  return true;
+}
+
+IndexDescriptions* valid_descriptions(Oid heap, List* indexes) {
+  ListCell* cell;
+  foreach (cell, described) {
+    auto d = static_cast<IndexDescriptions*>(lfirst(cell));
+    if (d->valid && d->heap == heap && equal(d->indexes, indexes)) return d;
+  }
+  return nullptr;
+}
+
+// Opens `heap`'s indexes for inserting into them, as ExecOpenIndices(result_rel, true)
+// does, with their descriptions kept for the session where they can be.
+void open_indexes(ResultRelInfo* result_rel) {
+  Relation heap = result_rel->ri_RelationDesc;
+  List* indexes = RelationGetIndexList(heap);
+  int count = list_length(indexes);
+  if (count == 0) return;
+  auto relations = static_cast<Relation*>(palloc(count * sizeof(Relation)));
+  for (int i = 0; i < count; i++)
+    relations[i] = index_open(list_nth_oid(indexes, i), RowExclusiveLock);
+  result_rel->ri_NumIndices = count;
+  result_rel->ri_IndexRelationDescs = relations;
+  IndexDescriptions* known = valid_descriptions(RelationGetRelid(heap), indexes);
+  if (known != nullptr) {
+    result_rel->ri_IndexRelationInfo = known->infos;
+    list_free(indexes);
+    return;
+  }
+  bool for_session = true;
+  for (int i = 0; i < count; i++) for_session &= describable_for_session(relations[i]);
+  if (!for_session) {  // described in the transaction's memory
+    result_rel->ri_IndexRelationInfo = static_cast<IndexInfo**>(palloc(count * sizeof(IndexInfo*)));
+    for (int i = 0; i < count; i++) result_rel->ri_IndexRelationInfo[i] = describe(relations[i]);
+    list_free(indexes);
+    return;
+  }
+  static bool callback_registered = false;
+  if (!callback_registered) {
+    CacheRegisterRelcacheCallback(forget_descriptions, 0);
+    callback_registered = true;
+  }
+  MemoryContext own = AllocSetContextCreate(CacheMemoryContext, "idempotency index descriptions",
+                                            ALLOCSET_SMALL_SIZES);
+  MemoryContext caller_context = MemoryContextSwitchTo(own);
+  auto infos = static_cast<IndexInfo**>(palloc(count * sizeof(IndexInfo*)));
+  for (int i = 0; i < count; i++) infos[i] = describe(relations[i]);
+  auto d = static_cast<IndexDescriptions*>(palloc(sizeof(IndexDescriptions)));
+  *d = IndexDescriptions{own, RelationGetRelid(heap), list_copy(indexes), infos, true};
+  MemoryContextSwitchTo(CacheMemoryContext);
+  described = lappend(described, d);
+  MemoryContextSwitchTo(caller_context);
+  result_rel->ri_IndexRelationInfo = infos;
+  list_free(indexes);
+}
+
 }  // namespace
 
 Relation open_for_transaction(Oid oid, LOCKMODE mode) {
@@ -75,7 +190,7 @@ IndexWriter index_writer_for_transaction(Relation heap) {
       writer.estate = CreateExecutorState();
       writer.result_rel = makeNode(ResultRelInfo);
       InitResultRelInfo(writer.result_rel, heap, 0, nullptr, 0);
-      ExecOpenIndices(writer.result_rel, true);
+      open_indexes(writer.result_rel);
       entry->writer = writer;
     });
   }
@@ -103,6 +218,7 @@ void forget_transaction_relations() {
   if (context != nullptr) MemoryContextDelete(context);
   context = nullptr;
   entries = NIL;
+  free_stale_descriptions();
 }
 
 }  // namespace idempotency
