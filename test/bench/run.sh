@@ -123,6 +123,38 @@ ratio_off() {
 }
 emit_ratio=$(ratio_off ext_emit ext_new)
 floor_emit_ratio=$(ratio_off floor_emit floor)
+# The same four measured as one session's CPU per transaction (its utime + stime from
+# /proc, in 10 ms ticks, over 20,000 transactions): throughput with 8 clients on 2
+# cores moves by 10-20 % from run to run, a backend's own CPU time far less. Three
+# runs each, alternating; medians in microseconds.
+cpu_script() {  # procedure key_expression -> a psql script of 20,000 calls
+  local i
+  echo "SET synchronous_commit = off;"
+  echo "SELECT split_part(pg_read_file('/proc/self/stat'), ' ', 14)::bigint
+             + split_part(pg_read_file('/proc/self/stat'), ' ', 15)::bigint AS t0 \\gset"
+  for i in $(seq 20000); do echo "CALL $1($2, $((RANDOM * 32 + RANDOM % 32)), 10);"; done
+  echo "SELECT (split_part(pg_read_file('/proc/self/stat'), ' ', 14)::bigint
+              + split_part(pg_read_file('/proc/self/stat'), ' ', 15)::bigint - :t0) / 2.0
+         AS us \\gset"  # ticks of 10 ms over 20,000 transactions
+  echo "\\echo :us"
+}
+cpu_script floor_payment "gen_random_uuid()::text" >"$work/cpu_floor.sql"
+cpu_script floor_payment_emit "gen_random_uuid()::text" >"$work/cpu_floor_emit.sql"
+cpu_script create_payment "gen_random_uuid()::idem_key" >"$work/cpu_ext_new.sql"
+cpu_script create_payment_emit "gen_random_uuid()::idem_key" >"$work/cpu_ext_emit.sql"
+chmod 644 "$work"/cpu_*.sql
+declare -A cpu_runs
+for run in 1 2 3; do
+  for scenario in floor floor_emit ext_new ext_emit; do
+    cpu_runs[$scenario]+="$(psql_ -f "$work/cpu_$scenario.sql" | tail -1)"$'\n'
+  done
+done
+declare -A cpu_us
+for scenario in floor floor_emit ext_new ext_emit; do
+  echo "CPU per transaction, $scenario (µs): $(tr '\n' ' ' <<<"${cpu_runs[$scenario]}")" >&2
+  cpu_us[$scenario]=$(awk 'NF' <<<"${cpu_runs[$scenario]}" | median)
+done
+added() { awk -v a="${cpu_us[$1]}" -v b="${cpu_us[$2]}" 'BEGIN { printf "+%.0f µs, +%.0f %%", a - b, 100 * (a - b) / b }'; }
 # One hot aggregate: every client emits for the same account.
 read -r hot_tps _ hot_failed < <(pgbench_run emit_hot off)
 # The relay: 200,000 events of 1,000 aggregates, drained by 4 relays (claim 500,
@@ -242,6 +274,8 @@ response_bytes=$(runuser -u postgres -- psql -X -At -h 127.0.0.1 -p "$port" -d s
   echo "| idem_stats on a table of over 1,000,000 keys | ${stats_ms} ms |"
   echo "| ext_emit against ext_new (idem_emit with aggregate and event id in the transaction, synchronous_commit off) | ${emit_ratio}× |"
   echo "| floor_emit against floor (one plain INSERT of an event row, no order, no id check; synchronous_commit off) | ${floor_emit_ratio}× |"
+  echo "| one session's CPU per transaction (median of 3 × 20,000): floor / floor_emit / ext_new / ext_emit | ${cpu_us[floor]} / ${cpu_us[floor_emit]} / ${cpu_us[ext_new]} / ${cpu_us[ext_emit]} µs |"
+  echo "| what idem_emit adds to ext_new's CPU; what a plain event row adds to the floor's | $(added ext_emit ext_new); $(added floor_emit floor) |"
   echo "| one hot aggregate, $CLIENTS clients emitting (synchronous_commit off) | $hot_tps TPS, $hot_failed failed |"
   echo "| relay, 200,000 events of 1,000 aggregates, 4 relays (claim 500, ack), then removal | $(awk -v c="$relay_claim_s" -v r="$relay_remove_s" 'BEGIN { printf "%.0f events/s (claim and ack %.1f s, removal %.1f s)", 200000 / (c + r), c, r }') |"
   echo "| bytes per key (table + indexes; 36-character key, response {\"payment_id\": n, \"amount\": 10}), extension | $ext_bytes |"
