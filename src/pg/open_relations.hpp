@@ -4,7 +4,9 @@
 // once per call. They belong to the top-level transaction, not to a subtransaction
 // that could roll back under them; they are closed before it commits or prepares and
 // before any utility command (TRUNCATE, ALTER TABLE or DROP of one of them must not
-// find it open), and forgotten when it aborts, whose cleanup releases them.
+// find it open), and forgotten when it aborts, whose cleanup releases them. What
+// writing an index entry needs to know of each index is kept for the session, until
+// the relcache reports a change to the table or the index.
 #pragma once
 
 #include "pg/postgres.hpp"

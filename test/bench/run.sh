@@ -133,8 +133,8 @@ cpu_script() {  # procedure key_expression -> a psql script of 20,000 calls
   echo "SELECT split_part(pg_read_file('/proc/self/stat'), ' ', 14)::bigint
              + split_part(pg_read_file('/proc/self/stat'), ' ', 15)::bigint AS t0 \\gset"
   for i in $(seq 20000); do echo "CALL $1($2, $((RANDOM * 32 + RANDOM % 32)), 10);"; done
-  echo "SELECT (split_part(pg_read_file('/proc/self/stat'), ' ', 14)::bigint
-              + split_part(pg_read_file('/proc/self/stat'), ' ', 15)::bigint - :t0) / 2.0
+  echo "SELECT round((split_part(pg_read_file('/proc/self/stat'), ' ', 14)::bigint
+                    + split_part(pg_read_file('/proc/self/stat'), ' ', 15)::bigint - :t0) / 2.0)
          AS us \\gset"  # ticks of 10 ms over 20,000 transactions
   echo "\\echo :us"
 }
