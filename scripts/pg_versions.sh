@@ -148,6 +148,16 @@ pg_prefix() {
       apt-get -q -o DPkg::Lock::Timeout=600 update >/dev/null && PGV_RETRIED=1 pg_prefix "$v"
       return
     elif [ "$status" = 3 ]; then
+      # The index can name a point release the mirror does not serve yet: an earlier
+      # build of the same major version, if one is cached, is used meanwhile.
+      local earlier
+      earlier=$(ls -d "$PGV_CACHE/$v"-*/.complete 2>/dev/null | tail -n 1)
+      if [ -n "$earlier" ]; then
+        echo "pg_prefix: the archive does not serve $tarball; using the earlier build" \
+          "${earlier%/.complete}" >&2
+        echo "${earlier%/.complete}"
+        return 0
+      fi
       echo "pg_prefix: the archive does not serve $tarball; a copy of it placed in" \
         "$PGV_CACHE/src/ is used instead (its sha256 must be $sha)" >&2
       return 2  # unavailable here, as opposed to a build that failed
