@@ -137,26 +137,25 @@ void open_indexes(ResultRelInfo* result_rel) {
   }
   bool for_session = true;
   for (int i = 0; i < count; i++) for_session &= describable_for_session(relations[i]);
-  if (!for_session) {  // described in the transaction's memory
-    result_rel->ri_IndexRelationInfo = static_cast<IndexInfo**>(palloc(count * sizeof(IndexInfo*)));
-    for (int i = 0; i < count; i++) result_rel->ri_IndexRelationInfo[i] = describe(relations[i]);
-    list_free(indexes);
-    return;
-  }
-  static bool callback_registered = false;
-  if (!callback_registered) {
-    CacheRegisterRelcacheCallback(forget_descriptions, 0);
-    callback_registered = true;
-  }
-  MemoryContext own = AllocSetContextCreate(CacheMemoryContext, "idempotency index descriptions",
-                                            ALLOCSET_SMALL_SIZES);
+  // Otherwise described in the transaction's memory, the caller's.
+  MemoryContext own =
+      for_session ? AllocSetContextCreate(CacheMemoryContext, "idempotency index descriptions",
+                                          ALLOCSET_SMALL_SIZES)
+                  : CurrentMemoryContext;
   MemoryContext caller_context = MemoryContextSwitchTo(own);
   auto infos = static_cast<IndexInfo**>(palloc(count * sizeof(IndexInfo*)));
   for (int i = 0; i < count; i++) infos[i] = describe(relations[i]);
-  auto d = static_cast<IndexDescriptions*>(palloc(sizeof(IndexDescriptions)));
-  *d = IndexDescriptions{own, RelationGetRelid(heap), list_copy(indexes), infos, true};
-  MemoryContextSwitchTo(CacheMemoryContext);
-  described = lappend(described, d);
+  if (for_session) {
+    static bool callback_registered = false;
+    if (!callback_registered) {
+      CacheRegisterRelcacheCallback(forget_descriptions, 0);
+      callback_registered = true;
+    }
+    auto d = static_cast<IndexDescriptions*>(palloc(sizeof(IndexDescriptions)));
+    *d = IndexDescriptions{own, RelationGetRelid(heap), list_copy(indexes), infos, true};
+    MemoryContextSwitchTo(CacheMemoryContext);
+    described = lappend(described, d);
+  }
   MemoryContextSwitchTo(caller_context);
   result_rel->ri_IndexRelationInfo = infos;
   list_free(indexes);
