@@ -15,16 +15,26 @@
 # A build is cached in $PGV_CACHE/VERSION-<first 16 hex of the tarball's sha256>, so a
 # new upload to the suite (seen after any apt-get update) means one new build, about
 # 10 minutes on 2 cores. Building needs root; using a cached build does not.
-# Where the archive does not serve a tarball (this workplace's mirror answers 404 for
-# experimental's postgresql-19), a copy with the expected sha256 placed in
-# $PGV_CACHE/src/ is used instead of downloading.
+# Where the archive does not serve the tarball its index names (this workplace's mirror
+# answers 404 for experimental's postgresql-19, and for trixie's 17.12 while its pool
+# still has 17.11), an earlier cached build of the same major is used; without one,
+# the pinned earlier release of PGV_FALLBACK is downloaded from the pool; without that
+# either, a copy with the expected sha256 placed in $PGV_CACHE/src/.
 
 PGV_CACHE=${PGV_CACHE:-/var/cache/idempotency-pg}
 PGV_SOURCES_FILE=/etc/apt/sources.list.d/idempotency-src.sources
+# Per major, an earlier upstream tarball in the pool of the mirror: its path and sha256,
+# taken from the Checksums-Sha256 of its Debian .dsc, whose signature gpgv checked
+# against Debian's debian-keyring (postgresql-17_17.11-0+deb13u1.dsc, signed by the
+# PostgreSQL maintainer, checked 2026-11-24). Used only when the index's tarball is not
+# served and no build of the major is cached.
+declare -A PGV_FALLBACK=(
+  [17]="pool/main/p/postgresql-17/postgresql-17_17.11.orig.tar.bz2 dd27f2b3c59e73ed14aa3324901242bf69a032a6347805f274e6260322d42979"
+)
 # What configure needs for --enable-tap-tests --with-openssl (ICU is on by default since
 # 16; keeping it makes collation behave as in Debian's packages).
 PGV_BUILD_DEPS=(gcc make perl bzip2 bison flex pkg-config libreadline-dev zlib1g-dev
-                libssl-dev libicu-dev libipc-run-perl)
+                libssl-dev libicu-dev libipc-run-perl curl)
 
 # The Debian suite whose source package carries each major.
 _pgv_suite() {
@@ -64,7 +74,7 @@ _pgv_mirror() {
 # when the file changed, an index is missing or something is to be installed. Needs
 # root only when there is something to do, so a cached build is usable by anyone.
 ensure_pg_sources() {
-  local mirror want suite dep update=0 missing=()
+  local mirror want suite dep write=0 update=0 missing=()
   local apt=(env DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600)
   mirror=$(_pgv_mirror) || return 1
   # Only deb-src: no binary package of another release may be installed on Debian 12.
@@ -74,7 +84,8 @@ URIs: $mirror
 Suites: trixie sid experimental
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg"
-  [ "$(cat "$PGV_SOURCES_FILE" 2>/dev/null)" = "$want" ] || update=2
+  # write and update apart: a fresh machine lacks both the file and the indexes.
+  [ "$(cat "$PGV_SOURCES_FILE" 2>/dev/null)" = "$want" ] || write=1 update=1
   for suite in trixie sid experimental; do
     compgen -G "/var/lib/apt/lists/*_dists_${suite}_main_source_Sources*" >/dev/null || update=1
   done
@@ -86,7 +97,7 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg"
   [ "$update" = 0 ] && return 0
   [ "$(id -u)" -eq 0 ] ||
     { echo "ensure_pg_sources: apt sources or build dependencies missing; run as root" >&2; return 1; }
-  if [ "$update" = 2 ]; then printf '%s\n' "$want" >"$PGV_SOURCES_FILE" || return 1; fi
+  if [ "$write" = 1 ]; then printf '%s\n' "$want" >"$PGV_SOURCES_FILE" || return 1; fi
   echo "pg_versions: apt-get update" >&2
   "${apt[@]}" update >/dev/null || return 1
   if [ "${#missing[@]}" -gt 0 ]; then
@@ -115,7 +126,7 @@ _pgv_step() {
 # when the archive does not serve its source (and no copy was placed by hand), 1 when
 # anything else failed.
 pg_prefix() {
-  local v=${1:-} suite line sha key tarball prefix status
+  local v=${1:-} suite line sha key tarball prefix status url=""
   if [ "$v" = 15 ]; then
     # Debian 12's own packages (scripts/lib.sh's ensure_packages installs them).
     [ -x /usr/lib/postgresql/15/bin/pg_config ] ||
@@ -131,18 +142,22 @@ pg_prefix() {
   sha=${line##*SHA256:}
   [[ $sha =~ ^[0-9a-f]{64}$ ]] ||
     { echo "pg_prefix: no upstream tarball of postgresql-$v in $suite" >&2; return 1; }
-  key=$v-${sha:0:16} prefix=$PGV_CACHE/$v-${sha:0:16}
   tarball=$(awk '{ print $2 }' <<<"$line")
+  if [ -n "${PGV_USE_FALLBACK:-}" ]; then
+    read -r url sha <<<"${PGV_FALLBACK[$v]}"
+    tarball=${url##*/} url=$(_pgv_mirror)/$url
+  fi
+  key=$v-${sha:0:16} prefix=$PGV_CACHE/$v-${sha:0:16}
   # .complete is written last: a prefix without it is a build that was cut short.
   if ! [ -f "$prefix/.complete" ]; then
     mkdir -p "$PGV_CACHE" && chmod 755 "$PGV_CACHE" || return 1
     # One build per version at a time; a second caller waits and then finds it done.
     (
       flock 9 || exit 1
-      [ -f "$prefix/.complete" ] || _pgv_build "$v" "$suite" "$sha" "$tarball" "$prefix"
+      [ -f "$prefix/.complete" ] || _pgv_build "$v" "$suite" "$sha" "$tarball" "$prefix" "$url"
     ) 9>"$PGV_CACHE/$key.lock"
     status=$?
-    if [ "$status" = 3 ] && [ -z "${PGV_RETRIED:-}" ]; then
+    if [ "$status" = 3 ] && [ -z "${PGV_RETRIED:-}" ] && [ -z "$url" ]; then
       # The index may name a tarball the mirror no longer has: refresh it, try once more.
       echo "pg_versions: apt-get update (the download failed)" >&2
       apt-get -q -o DPkg::Lock::Timeout=600 update >/dev/null && PGV_RETRIED=1 pg_prefix "$v"
@@ -158,6 +173,12 @@ pg_prefix() {
         echo "${earlier%/.complete}"
         return 0
       fi
+      if [ -n "${PGV_FALLBACK[$v]:-}" ] && [ -z "$url" ]; then
+        echo "pg_prefix: the archive does not serve $tarball; building the pinned" \
+          "earlier release ${PGV_FALLBACK[$v]%% *}" >&2
+        PGV_USE_FALLBACK=1 pg_prefix "$v"
+        return
+      fi
       echo "pg_prefix: the archive does not serve $tarball; a copy of it placed in" \
         "$PGV_CACHE/src/ is used instead (its sha256 must be $sha)" >&2
       return 2  # unavailable here, as opposed to a build that failed
@@ -167,10 +188,11 @@ pg_prefix() {
   echo "$prefix"
 }
 
-# _pgv_build VERSION SUITE SHA256 TARBALL PREFIX: downloads (exit 3 when that fails),
-# builds and installs; logs to PREFIX.log; the build tree is removed after success.
+# _pgv_build VERSION SUITE SHA256 TARBALL PREFIX [URL]: downloads (from URL if given,
+# else with apt-get source; exit 3 when that fails), builds and installs; logs to
+# PREFIX.log; the build tree is removed after success.
 _pgv_build() {
-  local v=$1 suite=$2 sha=$3 tarball=$4 prefix=$5 work log
+  local v=$1 suite=$2 sha=$3 tarball=$4 prefix=$5 url=${6:-} work log
   work=$PGV_CACHE/build/${prefix##*/} log=$prefix.log
   echo "pg_versions: building PostgreSQL $v from $tarball into $prefix (log: $log)" >&2
   # src/ belongs to _apt so that apt-get source downloads in its sandbox.
@@ -180,8 +202,12 @@ _pgv_build() {
     umask 022 # the postgres OS user runs what is installed
     cd "$PGV_CACHE/src" || exit 1
     if ! sha256sum -c --status <<<"$sha  $tarball" 2>/dev/null; then
-      _pgv_step "$log" "download" apt-get source -q --download-only "postgresql-$v/$suite" || exit 3
-      rm -f ./*.dsc ./*.debian.tar.* # Debian's packaging is not used
+      if [ -n "$url" ]; then
+        _pgv_step "$log" "download" curl -fsSL -o "$tarball" "$url" || exit 3
+      else
+        _pgv_step "$log" "download" apt-get source -q --download-only "postgresql-$v/$suite" || exit 3
+        rm -f ./*.dsc ./*.debian.tar.* # Debian's packaging is not used
+      fi
     fi
     _pgv_step "$log" "verify sha256" sha256sum -c --status <<<"$sha  $tarball" &&
       mkdir -p "$work" && _pgv_step "$log" "unpack" tar -xf "$tarball" -C "$work" --strip-components=1 &&
