@@ -122,6 +122,25 @@ BEGIN
     VALUES (gen_random_uuid(), 'payment.created', p_account::text, result);
 END $$;
 
+-- 8. ext_plain_emit: ext_new plus the same ONE plain INSERT of an event row into
+-- floor_outbox, where ext_emit calls idem_emit. What any table-backed outbox adds to
+-- the claim + insert + complete transaction at least, before order and event ids.
+CREATE PROCEDURE create_payment_plain_emit(p_key idem_key, p_account bigint, p_amount numeric,
+                                           INOUT result jsonb DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE c idem_claim_result;
+BEGIN
+  c := idem_claim('payments', p_key,
+                  idem_fingerprint(jsonb_build_object('account', p_account, 'amount', p_amount)));
+  IF c.outcome = 'replay' THEN result := c.response; RETURN; END IF;
+  IF c.outcome = 'in_progress' THEN RETURN; END IF;
+  INSERT INTO payments(account, amount) VALUES (p_account, p_amount)
+    RETURNING jsonb_build_object('payment_id', id, 'amount', amount) INTO result;
+  INSERT INTO floor_outbox(event_id, topic, aggregate, payload)
+    VALUES (gen_random_uuid(), 'payment.created', p_account::text, result);
+  PERFORM idem_complete('payments', p_key, result);
+END $$;
+
 -- 100,000 completed keys to replay.
 DO $$
 BEGIN
