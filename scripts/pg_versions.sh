@@ -22,7 +22,8 @@
 # either, a copy with the expected sha256 placed in $PGV_CACHE/src/.
 
 PGV_CACHE=${PGV_CACHE:-/var/cache/idempotency-pg}
-PGV_SOURCES_FILE=/etc/apt/sources.list.d/idempotency-src.sources
+PGV_SOURCES_FILE=${PGV_SOURCES_FILE:-/etc/apt/sources.list.d/idempotency-src.sources}
+PGV_APT_LISTS=${PGV_APT_LISTS:-/var/lib/apt/lists}  # (both set elsewhere by test/pg_versions_test.sh)
 # Per major, an earlier upstream tarball in the pool of the mirror: its path and sha256,
 # taken from the Checksums-Sha256 of its Debian .dsc, whose signature gpgv checked
 # against Debian's debian-keyring (postgresql-17_17.11-0+deb13u1.dsc, signed by the
@@ -87,7 +88,7 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg"
   # write and update apart: a fresh machine lacks both the file and the indexes.
   [ "$(cat "$PGV_SOURCES_FILE" 2>/dev/null)" = "$want" ] || write=1 update=1
   for suite in trixie sid experimental; do
-    compgen -G "/var/lib/apt/lists/*_dists_${suite}_main_source_Sources*" >/dev/null || update=1
+    compgen -G "$PGV_APT_LISTS/*_dists_${suite}_main_source_Sources*" >/dev/null || update=1
   done
   for dep in "${PGV_BUILD_DEPS[@]}"; do
     dpkg-query -W -f='${Status}' "$dep" 2>/dev/null | grep -q 'install ok installed' ||

@@ -22,7 +22,8 @@
 # anything failed.
 #
 #   ONLY=package|unit|fuzz|style|sql|regress|isolation|tap (comma-separated) runs a part;
-#        package is META.json and the DESTDIR install; unit is the two ctest runs, the
+#        package is META.json, the DESTDIR install and how scripts/pg_versions.sh finds
+#        PostgreSQL's sources (test/pg_versions_test.sh); unit is the two ctest runs, the
 #        fingerprint client and fuzz (no PostgreSQL needed, so no PGXS build); style is
 #        format-check and lint; sql is regress, isolation and tap.
 #   PG_VERSIONS=15,18  the PostgreSQL versions the SQL, isolation and TAP tests run on
@@ -303,6 +304,22 @@ check_meta() {
   fi
 }
 
+# How scripts/pg_versions.sh provisions and falls back, against stand-ins for apt-get
+# and the build: one pass or failure per check the script prints.
+check_pg_versions_script() {
+  say "package: scripts/pg_versions.sh against a stand-in archive"
+  local out ok bad
+  out=$(bash "$work/src/test/pg_versions_test.sh" 2>&1)
+  echo "$out"
+  ok=$(grep -c '^ok ' <<<"$out" || true)
+  bad=$(grep -c '^not ok ' <<<"$out" || true)
+  if [ "$ok" -eq 0 ] && [ "$bad" -eq 0 ]; then
+    stage_failed "test/pg_versions_test.sh gave no result"
+  else
+    count "$ok" "$bad"
+  fi
+}
+
 check_destdir_install() {
   say "package: make install DESTDIR=..."
   local stage=$work/stage file missing=0
@@ -432,6 +449,7 @@ cd "$work/src"
 
 if selected package package; then
   check_meta
+  check_pg_versions_script
 fi
 
 built=yes
