@@ -308,11 +308,13 @@ check_meta() {
 # and the build: one pass or failure per check the script prints.
 check_pg_versions_script() {
   say "package: scripts/pg_versions.sh against a stand-in archive"
-  local out ok bad
-  out=$(bash "$work/src/test/pg_versions_test.sh" 2>&1)
+  local out ok bad status=0
+  out=$(bash "$work/src/test/pg_versions_test.sh" 2>&1) || status=$?
   echo "$out"
   ok=$(grep -c '^ok ' <<<"$out" || true)
   bad=$(grep -c '^not ok ' <<<"$out" || true)
+  # A script that stopped early without a "not ok" line still failed.
+  if [ "$status" -ne 0 ] && [ "$bad" -eq 0 ]; then bad=1; fi
   if [ "$ok" -eq 0 ] && [ "$bad" -eq 0 ]; then
     stage_failed "test/pg_versions_test.sh gave no result"
   else
