@@ -20,12 +20,12 @@ SHLIB_LINK = -lstdc++ -lcrypto
 
 EXTRA_CLEAN = $(EXTENSION)-*.tar.gz tmp_check_regress tmp_check_iso
 
-REGRESS = key_type claim unwritten finish lease abandoned fingerprint fingerprint_vectors identity lock_secret bad_input hostile layout settings reaper outbox apply_version open_relations
+REGRESS = key_type claim unwritten finish lease abandoned fingerprint fingerprint_vectors identity lock_secret bad_input hostile layout settings reaper outbox apply_version open_relations ddl_rollback
 # Each runs against a temporary instance of its own (as postgres, not root), with
 # the settings the tests need: `make installcheck` needs no running server.
 REGRESS_OPTS = --inputdir=. --temp-instance=tmp_check_regress --temp-config=test/regress.conf
 
-ISOLATION = claim_wait finish_wait once_race isolation_levels opposite_order lease_takeover reaper_wait emit_order emit_event_id relay_order apply_race index_descriptions
+ISOLATION = claim_wait finish_wait once_race isolation_levels opposite_order lease_takeover reaper_wait emit_order emit_event_id relay_order apply_race index_descriptions deadlocks index_maintenance
 ISOLATION_OPTS = --inputdir=test/isolation --outputdir=output_iso \
                  --temp-instance=tmp_check_iso --temp-config=test/regress.conf
 

@@ -2,6 +2,7 @@
 #include <optional>
 
 #include "pg/errors.hpp"
+#include "pg/open_relations.hpp"
 #include "pg/messaging_catalog.hpp"
 #include "pg/table.hpp"
 #include "pg/reaper_pass.hpp"
@@ -118,7 +119,8 @@ static int64 count_index(Table* outbox, Oid index, Snapshot snapshot) {
   while (count < kExactOutboxCount && cursor_next(outbox, &cursor)) count++;
   cursor_close(&cursor);
   if (count < kExactOutboxCount) return count;
-  Relation rel = index_open(index, AccessShareLock);
+  Oid opened;  // the index now of that name (REINDEX CONCURRENTLY)
+  Relation rel = open_current(index, AccessShareLock, &opened);
   double estimate = rel->rd_rel->reltuples;
   index_close(rel, AccessShareLock);
   return Max(count, static_cast<int64>(estimate));

@@ -75,6 +75,7 @@ Driven drive(KeyStore* store, const Identity& id, TimestampTz deadline, Start st
     }
   }
   bool absent_waits = start == Start::kLookAbsentWaits;
+  long unexplained_sleep_us = 50;
   for (;;) {
     CHECK_FOR_INTERRUPTS();
     uint64 inserts_before = inserts_seen(inserts);
@@ -104,11 +105,16 @@ Driven drive(KeyStore* store, const Identity& id, TimestampTz deadline, Start st
           remember_unwritten_claim(step->row, lock.get());  // keeps the lock
           return Driven::kDone;
         }
-        // The primary key finds a row the probe did not see: let go and look again.
+        // A unique index holds a row the probe did not see: let go and look again.
         written = store_insert(store, &step->row, OnConflict::kBackOut) ? WriteResult::kDone
                                                                         : WriteResult::kChanged;
         if (written == WriteResult::kDone) note_insert(inserts);
         lock.release();
+        // Under the lock, only a unique index of the user's on other columns can hold a
+        // row that the primary key's probe cannot find: poll it out, never spin.
+        if (written == WriteResult::kChanged && !probe->found &&
+            !sleep_before_retry(&unexplained_sleep_us, deadline))
+          return Driven::kTimedOut;
         break;
       case Step::kWriteUnwritten:
         // The claim holds the lock and saw no row: only a row written outside the

@@ -80,23 +80,16 @@ IdentityLock identity_lock(const Identity& id, const LockSecret& secret) {
 // The transaction holds the lock, not the statement or subtransaction that took it,
 // so that a later statement can release it; xact.cpp releases the locks that an
 // aborted subtransaction took.
-static bool acquire_or_release(const LOCKTAG& tag, bool acquire) {
+bool lock_identity(const IdentityLock& lock, TimestampTz deadline) {
+  return lock_waiting(lock.tag, deadline);
+}
+
+void unlock_identity(const IdentityLock& lock) {
   ResourceOwner statement_owner = CurrentResourceOwner;
   CurrentResourceOwner = TopTransactionResourceOwner;
-  bool done = acquire ? LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL
-                      : LockRelease(&tag, ExclusiveLock, false);
+  LockRelease(&lock.tag, ExclusiveLock, false);
   CurrentResourceOwner = statement_owner;
-  return done;
 }
-
-bool lock_identity(const IdentityLock& lock, TimestampTz deadline) {
-  long sleep_us = 50;
-  while (!acquire_or_release(lock.tag, true))
-    if (!sleep_before_retry(&sleep_us, deadline)) return false;
-  return true;
-}
-
-void unlock_identity(const IdentityLock& lock) { acquire_or_release(lock.tag, false); }
 
 LOCKTAG messaging_lock(MessagingLock kind, std::initializer_list<std::string_view> parts,
                        const LockSecret& secret) {

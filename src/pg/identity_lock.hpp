@@ -27,9 +27,9 @@ static_assert(std::is_trivially_destructible_v<IdentityLock>);
 // The lock of `id`, its tag a hash keyed with the store's secret (store_lock_secret).
 IdentityLock identity_lock(const Identity& id, const LockSecret& secret);
 
-// Taken without queueing, polled until `deadline` (false if it passes), like every
-// wait here. The transaction holds it until released or the transaction ends; take
-// it through xact.hpp's hold_identity_lock, which records it.
+// Waited for in the lock queue until `deadline` (false if it passes; see waits.hpp).
+// The transaction holds it until released or the transaction ends; take it through
+// xact.hpp's hold_identity_lock, which records it.
 bool lock_identity(const IdentityLock& lock, TimestampTz deadline);
 void unlock_identity(const IdentityLock& lock);
 

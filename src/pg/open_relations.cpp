@@ -3,12 +3,14 @@
 extern "C" {
 #include "access/genam.h"
 #include "access/relation.h"
+#include "access/xact.h"
 #include "catalog/index.h"
 #include "catalog/pg_am.h"
 #include "executor/executor.h"
 #include "optimizer/optimizer.h"
 #include "storage/lmgr.h"
 #include "utils/inval.h"
+#include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/resowner.h"
 }
@@ -19,9 +21,11 @@ namespace {
 
 struct Entry {
   Oid oid;
+  Oid replaced;  // the OID asked for, when it named an index REINDEX CONCURRENTLY replaced
   LOCKMODE mode;
   Relation relation;
-  IndexWriter writer;  // estate null until the first write
+  IndexWriter writer;          // estate null until the first write
+  SubTransactionId opened_in;  // the subtransaction that opened it or made its writer
 };
 
 // In a child of TopTransactionContext; null when the transaction has opened nothing.
@@ -47,7 +51,7 @@ Entry* find(Oid oid) {
   ListCell* cell;
   foreach (cell, entries) {
     auto entry = static_cast<Entry*>(lfirst(cell));
-    if (entry->oid == oid) return entry;
+    if (entry->oid == oid || entry->replaced == oid) return entry;
   }
   return nullptr;
 }
@@ -118,17 +122,20 @@ IndexDescriptions* valid_descriptions(Oid heap, List* indexes) {
 }
 
 // Opens `heap`'s indexes for inserting into them, as ExecOpenIndices(result_rel, true)
-// does, with their descriptions kept for the session where they can be.
+// does, with their descriptions kept for the session where they can be. Each index
+// is counted in ri_NumIndices as soon as it is open, so that an error part way (a
+// lock_timeout on the third index) leaves nothing open that closing does not close.
 void open_indexes(ResultRelInfo* result_rel) {
   Relation heap = result_rel->ri_RelationDesc;
   List* indexes = RelationGetIndexList(heap);
   int count = list_length(indexes);
   if (count == 0) return;
-  auto relations = static_cast<Relation*>(palloc(count * sizeof(Relation)));
-  for (int i = 0; i < count; i++)
-    relations[i] = index_open(list_nth_oid(indexes, i), RowExclusiveLock);
-  result_rel->ri_NumIndices = count;
+  auto relations = static_cast<Relation*>(palloc0(count * sizeof(Relation)));
   result_rel->ri_IndexRelationDescs = relations;
+  for (int i = 0; i < count; i++) {
+    relations[i] = index_open(list_nth_oid(indexes, i), RowExclusiveLock);
+    result_rel->ri_NumIndices = i + 1;
+  }
   IndexDescriptions* known = valid_descriptions(RelationGetRelid(heap), indexes);
   if (known != nullptr) {
     result_rel->ri_IndexRelationInfo = known->infos;
@@ -161,20 +168,53 @@ void open_indexes(ResultRelInfo* result_rel) {
   list_free(indexes);
 }
 
+// Closes what open_indexes opened, also when it stopped part way (no descriptions yet).
+void close_indexes(ResultRelInfo* result_rel) {
+  if (result_rel->ri_IndexRelationInfo != nullptr) return ExecCloseIndices(result_rel);
+  for (int i = 0; i < result_rel->ri_NumIndices; i++)
+    index_close(result_rel->ri_IndexRelationDescs[i], NoLock);
+}
+
 }  // namespace
+
+// The OIDs come from caches filled by name. REINDEX CONCURRENTLY swaps a new index in
+// under the old one's name and drops the old one, so an OID read from a cache just
+// before can be gone once its lock is granted: then the relation now of that name is
+// the one meant (its name is read before locking, while the catalog cache still has it).
+Relation open_current(Oid oid, LOCKMODE mode, Oid* opened) {
+  for (;;) {
+    const char* name = get_rel_name(oid);
+    Oid schema = get_rel_namespace(oid);
+    Relation relation = name == nullptr ? nullptr : try_relation_open(oid, mode);
+    if (relation != nullptr) {
+      *opened = oid;
+      return relation;
+    }
+    Oid current = name == nullptr ? InvalidOid : get_relname_relid(name, schema);
+    if (!OidIsValid(current) || current == oid)
+      ereport(ERROR, errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+              errmsg("a relation of the idempotency extension was dropped while in use"),
+              errdetail("Relation %u no longer exists.", oid), errhint("Retry the transaction."));
+    oid = current;
+  }
+}
+
+namespace {}  // namespace
 
 Relation open_for_transaction(Oid oid, LOCKMODE mode) {
   Entry* entry = find(oid);
   if (entry != nullptr && entry->mode >= mode) return entry->relation;
   as_transaction([&] {
     if (entry != nullptr) {  // opened to read, now written
-      LockRelationOid(oid, mode);
+      LockRelationOid(entry->oid, mode);
       entry->mode = mode;
       return;
     }
-    Relation relation = relation_open(oid, mode);
+    Oid opened;
+    Relation relation = open_current(oid, mode, &opened);
     entry = static_cast<Entry*>(palloc0(sizeof(Entry)));
-    *entry = Entry{oid, mode, relation, {}};
+    *entry = Entry{opened, opened == oid ? InvalidOid : oid, mode, relation,
+                   {},     GetCurrentSubTransactionId()};
     entries = lappend(entries, entry);
   });
   return entry->relation;
@@ -189,8 +229,9 @@ IndexWriter index_writer_for_transaction(Relation heap) {
       writer.estate = CreateExecutorState();
       writer.result_rel = makeNode(ResultRelInfo);
       InitResultRelInfo(writer.result_rel, heap, 0, nullptr, 0);
+      entry->writer = writer;  // before opening the indexes: closing finds what opened
+      entry->opened_in = GetCurrentSubTransactionId();
       open_indexes(writer.result_rel);
-      entry->writer = writer;
     });
   }
   return entry->writer;
@@ -204,13 +245,23 @@ void close_transaction_relations() {
   foreach (cell, entries) {
     auto entry = static_cast<Entry*>(lfirst(cell));
     if (entry->writer.estate != nullptr) {
-      ExecCloseIndices(entry->writer.result_rel);
+      close_indexes(entry->writer.result_rel);
       FreeExecutorState(entry->writer.estate);
     }
     relation_close(entry->relation, NoLock);  // locks are held until the transaction ends
   }
   CurrentResourceOwner = caller_owner;
   forget_transaction_relations();
+}
+
+void close_relations_of_aborted_subtransaction(SubTransactionId aborted) {
+  ListCell* cell;
+  foreach (cell, entries) {
+    if (static_cast<Entry*>(lfirst(cell))->opened_in >= aborted) {
+      close_transaction_relations();
+      return;
+    }
+  }
 }
 
 void forget_transaction_relations() {

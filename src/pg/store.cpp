@@ -57,7 +57,7 @@ void store_open(KeyStore* store, bool for_write) {
   *store = KeyStore{};
   store->context = CurrentMemoryContext;
   store->heap = open_for_transaction(oids.heap, mode);
-  store->index = open_for_transaction(oids.index, mode);
+  store->index = open_for_transaction(oids.index, mode);  // follows a REINDEX CONCURRENTLY
   store->read_slot = table_slot_create(store->heap, nullptr);
 }
 
@@ -146,32 +146,32 @@ static TupleTableSlot* store_row_in_slot(KeyStore* store, const KeyRow* row) {
   return slot;
 }
 
-// The primary key is the arbiter of every insert, so a row of the identity that
-// appeared unseen (whatever wrote it) is found without raising 23505 or waiting in a
-// lock queue. kBackOut inserts speculatively, as INSERT ... ON CONFLICT does, and
-// takes the row back on a conflict; kReport inserts plainly (no speculative lock, no
-// confirmation record) and leaves the row for the caller, who must then fail.
+// Every unique index is an arbiter (as for INSERT ... ON CONFLICT DO NOTHING without a
+// target), so a row of the identity that appeared unseen (whatever wrote it), in the
+// primary key or in a copy of it that REINDEX CONCURRENTLY is building, is found
+// without raising 23505 or waiting in a unique check. kBackOut inserts speculatively,
+// as INSERT ... ON CONFLICT does, and takes the row back on a conflict; kReport
+// inserts plainly (no speculative lock, no confirmation record) and leaves the row
+// for the caller, who must then fail.
 bool store_insert(KeyStore* store, KeyRow* row, OnConflict on_conflict) {
   IndexWriter writer = index_writer_for_transaction(store->heap);
-  List* arbiters = list_make1_oid(RelationGetRelid(store->index));
   TupleTableSlot* slot = store_row_in_slot(store, row);
   CommandId command = GetCurrentCommandId(true);
   bool conflict = false;
   if (on_conflict == OnConflict::kReport) {
     table_tuple_insert(store->heap, slot, command, 0, nullptr);
     list_free(compat::insert_index_tuples(writer.result_rel, slot, writer.estate, false, true,
-                                          &conflict, arbiters, false));
+                                          &conflict, NIL, false));
   } else {
     TransactionId xid = GetCurrentTransactionId();
     uint32 token = SpeculativeInsertionLockAcquire(xid);
     table_tuple_insert_speculative(store->heap, slot, command, 0, nullptr, token);
     list_free(compat::insert_index_tuples(writer.result_rel, slot, writer.estate, false, true,
-                                          &conflict, arbiters, false));
+                                          &conflict, NIL, false));
     table_tuple_complete_speculative(store->heap, slot, token, !conflict);
     SpeculativeInsertionLockRelease(xid);
   }
   ResetPerTupleExprContext(writer.estate);
-  list_free(arbiters);
   store->wrote = true;
   return !conflict;
 }

@@ -55,10 +55,10 @@ void store_close(KeyStore* store);
 // SERIALIZABLE, raises 40001 for a committed row the transaction cannot see.
 void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* probe);
 
-// Inserts a row unless the primary key already holds one of its identity (then
-// false). The caller holds the identity's lock and has seen no row. On a conflict,
-// kBackOut takes the row back (the caller probes again); kReport leaves it, for a
-// caller that then raises an error (cheaper: no speculative insertion).
+// Inserts a row unless a unique index already holds one like it (then false). The caller holds the
+// identity's lock and has seen no row. On a conflict, kBackOut takes the row back (the caller
+// probes again); kReport leaves it, for a caller that then raises an error (cheaper: no speculative
+// insertion).
 enum class OnConflict { kBackOut, kReport };
 bool store_insert(KeyStore* store, KeyRow* row, OnConflict on_conflict);
 

@@ -2,6 +2,7 @@
 // check that the table has the columns this library expects, and the lock secret.
 // Looked up once per backend and forgotten when the relcache says they changed.
 #include "pg/store_catalog.hpp"
+#include "pg/open_relations.hpp"
 
 #include "pg/table.hpp"
 
@@ -82,7 +83,9 @@ const StoreOids& store_oids() {
             errhint("Run CREATE EXTENSION idempotency."));
   check_layout(oids.heap);
   // The key column's equality function, as the index's operator family defines it.
-  Relation index_rel = index_open(oids.index, AccessShareLock);
+  Oid opened;  // the index now of that name (REINDEX CONCURRENTLY)
+  Relation index_rel = open_current(oids.index, AccessShareLock, &opened);
+  oids.index = opened;
   const int key_column = 2;  // 0-based in the index (role, scope, key)
   Oid opfamily = index_rel->rd_opfamily[key_column];
   Oid keytype = index_rel->rd_opcintype[key_column];

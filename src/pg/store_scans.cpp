@@ -1,6 +1,7 @@
 // The store's scans for the reaper, idem_reap, idem_stats and idem_abandoned: they
 // find rows and hand each to a visitor, which decides (with the core) what to do.
 #include "pg/store.hpp"
+#include "pg/open_relations.hpp"
 
 #include "pg/compat.hpp"
 #include "pg/store_catalog.hpp"
@@ -105,7 +106,8 @@ static int64 scan_index_range(KeyStore* store, Relation index, Snapshot snapshot
 
 int64 store_scan_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows,
                          ReapPosition* position, RowVisitor visit, void* context) {
-  Relation index = index_open(store_oids().expires_index, RowExclusiveLock);
+  Oid opened;  // the index now of that name (REINDEX CONCURRENTLY)
+  Relation index = open_current(store_oids().expires_index, RowExclusiveLock, &opened);
   int64 counted = 0;
   while (position->slot < kReapSlots) {
     counted += scan_index_range(store, index, snapshot, position->slot, &position->from, now,
@@ -119,7 +121,8 @@ int64 store_scan_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, in
 
 int64 store_scan_lease_ends(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows,
                             RowVisitor visit, void* context) {
-  Relation index = index_open(store_oids().lease_index, AccessShareLock);
+  Oid opened;  // the index now of that name (REINDEX CONCURRENTLY)
+  Relation index = open_current(store_oids().lease_index, AccessShareLock, &opened);
   TimestampTz from = DT_NOBEGIN;
   int64 counted =
       scan_index_range(store, index, snapshot, std::nullopt, &from, now, max_rows, visit, context);
@@ -164,7 +167,8 @@ bool store_scan_leased(KeyStore* store, Snapshot snapshot, Oid role, int64 max_r
                        RowVisitor visit, void* context) {
   Oid leased = store_oids().leased_index;
   if (!OidIsValid(leased)) return false;
-  Relation index = index_open(leased, AccessShareLock);
+  Oid opened;  // the index now of that name (REINDEX CONCURRENTLY)
+  Relation index = open_current(leased, AccessShareLock, &opened);
   scan_role(store, index, snapshot, role, max_rows, visit, context);
   index_close(index, NoLock);
   return true;

@@ -153,7 +153,8 @@ bool table_find(Table* table, Oid index, Snapshot snapshot, ScanKey keys, int nk
 }
 
 RegProcedure index_equality(Oid index, int column) {
-  Relation rel = index_open(index, AccessShareLock);
+  Oid opened;  // the index now of that name (REINDEX CONCURRENTLY)
+  Relation rel = open_current(index, AccessShareLock, &opened);
   Oid opfamily = rel->rd_opfamily[column];
   Oid type = rel->rd_opcintype[column];
   index_close(rel, AccessShareLock);

@@ -236,6 +236,7 @@ static void on_subtransaction_event(SubXactEvent event, SubTransactionId mine,
     return;
   }
   if (event != SUBXACT_EVENT_ABORT_SUB && event != SUBXACT_EVENT_COMMIT_SUB) return;
+  if (event == SUBXACT_EVENT_ABORT_SUB) close_relations_of_aborted_subtransaction(mine);
   if (saved_count > 0) {
     saved_count--;
     if (event == SUBXACT_EVENT_ABORT_SUB) open_claims = saved_open_claims[saved_count];
