@@ -10,16 +10,30 @@ extern "C" {
 #include "access/relation.h"
 #include "access/table.h"
 #include "access/xact.h"
+#include "catalog/dependency.h"
 #include "catalog/pg_type.h"
+#include "commands/extension.h"
 #include "executor/executor.h"
 #include "miscadmin.h"
 #include "storage/bufmgr.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 }
 
 namespace idempotency {
+
+// The extension's own idem_key, in whichever schema CREATE EXTENSION put it: a name
+// compared with its schema would refuse every schema but one.
+static bool is_key_type(Oid type) {
+  HeapTuple tuple = SearchSysCache1(TYPEOID, ObjectIdGetDatum(type));
+  if (!HeapTupleIsValid(tuple)) return false;
+  bool named = strcmp(NameStr(reinterpret_cast<Form_pg_type>(GETSTRUCT(tuple))->typname), "idem_key") == 0;
+  ReleaseSysCache(tuple);
+  return named &&
+         getExtensionOfObject(TypeRelationId, type) == get_extension_oid("idempotency", true);
+}
 
 void check_columns(Oid heap, const ColumnSpec* columns, int count) {
   Relation rel = table_open(heap, AccessShareLock);
@@ -37,8 +51,7 @@ void check_columns(Oid heap, const ColumnSpec* columns, int count) {
       problem = psprintf("Column %d was dropped; this library expects \"%s\".", i + 1, want.name);
       break;
     }
-    bool type_ok = OidIsValid(want.type) ? att->atttypid == want.type
-                                         : strcmp(format_type_be(att->atttypid), "idem_key") == 0;
+    bool type_ok = OidIsValid(want.type) ? att->atttypid == want.type : is_key_type(att->atttypid);
     if (strcmp(NameStr(att->attname), want.name) != 0 || !type_ok)
       problem = psprintf("Column %d is \"%s\" of type %s; this library expects \"%s\".", i + 1,
                          NameStr(att->attname), format_type_be(att->atttypid), want.name);
