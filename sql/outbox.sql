@@ -7,6 +7,7 @@ SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency;
 DROP ROLE IF EXISTS regress_idem_producer;
 DROP ROLE IF EXISTS regress_idem_relay;
+DROP ROLE IF EXISTS regress_idem_mallory;
 RESET client_min_messages;
 -- Start from an empty outbox and no expired keys (a superuser may), so that the
 -- counts below are this file's own.
@@ -295,10 +296,12 @@ SELECT id, payload, state, attempt FROM pg_temp.events WHERE id = 'evt-1';
 -- Privileges
 ------------------------------------------------------------------------------
 
--- Promise: idem_emit (and idem_apply_version) are granted to PUBLIC; the relay's
--- functions are not (42501), until granted to a relay's role.
+-- Promise: idem_apply_version is granted to PUBLIC; since 1.2 idem_emit is not (42501
+-- without the grant: a role could otherwise pre-empt another's event id or hold its
+-- aggregate), and neither are the relay's functions, until granted.
 CREATE ROLE regress_idem_producer;
 CREATE ROLE regress_idem_relay;
+CREATE ROLE regress_idem_mallory;
 SELECT p AS function, has_function_privilege('regress_idem_producer', p, 'EXECUTE') AS executable
 FROM unnest(ARRAY['idem_emit(text,jsonb,text,jsonb,idem_key)',
                   'idem_apply_version(text,text,bigint,interval)',
@@ -307,6 +310,12 @@ FROM unnest(ARRAY['idem_emit(text,jsonb,text,jsonb,idem_key)',
                   'idem_outbox_dead(text,idem_key[],text)',
                   'idem_outbox_retry(idem_key[])',
                   'idem_outbox_dead_letters(text,integer)']) p;
+-- A role without the grant cannot emit: not a forged event id, not a held aggregate.
+SET ROLE regress_idem_mallory;
+SELECT idem_emit('priv', '{"forged": true}', 'account-1', event_id => 'priv-1');
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+GRANT EXECUTE ON FUNCTION idem_emit(text, jsonb, text, jsonb, idem_key) TO regress_idem_producer;
 SET ROLE regress_idem_producer;
 SELECT idem_emit('priv', '{"n": 1}', event_id => 'priv-1');
 SELECT idem_apply_version('priv', 'entity', 1);
@@ -332,9 +341,11 @@ SELECT idem_outbox_ack('relay-p', '{priv-1}') AS acked;
 RESET ROLE;
 REVOKE EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text[]),
   idem_outbox_ack(text, idem_key[]) FROM regress_idem_relay;
+REVOKE EXECUTE ON FUNCTION idem_emit(text, jsonb, text, jsonb, idem_key) FROM regress_idem_producer;
 DELETE FROM idempotency.applied_versions WHERE scope = 'priv';
 DROP ROLE regress_idem_producer;
 DROP ROLE regress_idem_relay;
+DROP ROLE regress_idem_mallory;
 
 ------------------------------------------------------------------------------
 -- Bad input

@@ -1,6 +1,8 @@
-# Upgrade from 1.0: keys stored under 1.0 survive ALTER EXTENSION idempotency UPDATE,
-# the upgraded database has exactly the objects of a fresh install of the new
-# version, and the stored keys replay, fence and take over as before.
+# Upgrades from 1.0 and from 1.1 to 1.2: keys stored under 1.0, and keys and
+# undelivered events stored under 1.1, survive ALTER EXTENSION idempotency UPDATE;
+# each upgraded database has exactly the objects of a fresh install of the new version;
+# the stored keys replay, fence and take over as before, the events are relayed in
+# order, and emitting has become a privilege (1.2 revokes PUBLIC's grant).
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -16,6 +18,7 @@ idempotency.reaper_enabled = off
 $node->start;
 $node->safe_psql('postgres', 'CREATE DATABASE upgraded');
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
+$node->safe_psql('postgres', 'CREATE DATABASE from11');
 
 # 1.0, and keys of every kind stored through its functions.
 $node->safe_psql('upgraded', q{CREATE EXTENSION idempotency VERSION '1.0'});
@@ -54,7 +57,7 @@ my $keys_before = $node->safe_psql('upgraded', q{
 $node->safe_psql('upgraded', 'ALTER EXTENSION idempotency UPDATE');
 $node->safe_psql('fresh', 'CREATE EXTENSION idempotency');
 is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.1', 'ALTER EXTENSION UPDATE reaches 1.1');
+	'1.2', 'ALTER EXTENSION UPDATE reaches 1.2');
 
 # Every object of the extension, described without OIDs: members, columns, indexes,
 # constraints, privileges and function definitions.
@@ -91,7 +94,7 @@ my $upgraded = $node->safe_psql('upgraded', $catalog);
 my $fresh = $node->safe_psql('fresh', $catalog);
 like($fresh, qr/keys_leased_idx/, 'the catalog description covers the new index');
 like($fresh, qr/relation lock_secret/, 'and the lock secret');
-is($upgraded, $fresh, 'the upgraded database has exactly the objects of a fresh 1.1 install');
+is($upgraded, $fresh, 'the upgraded database has exactly the objects of a fresh 1.2 install');
 is($node->safe_psql('upgraded', q{SELECT count(*) FROM idempotency.lock_secret}), '1',
 	'the upgrade generated a lock secret');
 isnt($node->safe_psql('upgraded', q{SELECT secret FROM idempotency.lock_secret}),
@@ -143,6 +146,64 @@ is($node->safe_psql('upgraded', q{
   WHERE c.relnamespace = 'idempotency'::regnamespace}), '12',
 	'amcheck finds every index of the extension consistent (keys 4, lock_secret 1, '
 	  . 'outbox 4, outbox_aggregates 1, applied_versions 2)');
+
+# From 1.1: keys, and events emitted but not yet delivered (one claimed by a relay
+# whose lease is still running), kept through the update.
+$node->safe_psql('from11', q{CREATE EXTENSION idempotency VERSION '1.1'});
+$node->safe_psql('from11', q{
+  CREATE ROLE upgrade_producer LOGIN;
+  BEGIN;
+  SELECT idem_claim('pay', 'done-11', idem_fingerprint('{"amount": 7}'::jsonb));
+  SELECT idem_complete('pay', 'done-11', '{"payment_id": 11}');
+  SELECT idem_emit('order.paid', '{"n": 1}', 'order-11', event_id => 'ev-1');
+  SELECT idem_emit('order.paid', '{"n": 2}', 'order-11', event_id => 'ev-2');
+  SELECT idem_apply_version('entities', 'acct-11', 3);
+  COMMIT;
+  SELECT count(*) FROM idem_outbox_claim('relay-old', 1, lease => '1 hour');
+});
+is($node->safe_psql('from11', q{SELECT has_function_privilege('upgrade_producer',
+  'idem_emit(text,jsonb,text,jsonb,idem_key)', 'EXECUTE')}), 't', '1.1 grants idem_emit to PUBLIC');
+my $outbox_before = $node->safe_psql('from11', q{
+  SELECT string_agg(concat_ws(' ', event_id, topic, aggregate, seq, payload, delivered_at IS NULL),
+                    E'\n' ORDER BY seq) FROM idempotency.outbox});
+$node->safe_psql('from11', 'ALTER EXTENSION idempotency UPDATE');
+is($node->safe_psql('from11', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
+	'1.2', 'from 1.1, ALTER EXTENSION UPDATE reaches 1.2');
+is($node->safe_psql('from11', $catalog), $fresh,
+	'the database updated from 1.1 has exactly the objects of a fresh 1.2 install');
+is($node->safe_psql('from11', q{
+  SELECT string_agg(concat_ws(' ', event_id, topic, aggregate, seq, payload, delivered_at IS NULL),
+                    E'\n' ORDER BY seq) FROM idempotency.outbox}), $outbox_before,
+	'the undelivered events are kept');
+is($node->safe_psql('from11', q{
+  SELECT outcome || ' ' || response FROM idem_claim('pay', 'done-11', idem_fingerprint('{"amount": 7}'::jsonb))}),
+	'replay {"payment_id": 11}', 'a key stored under 1.1 replays');
+is($node->safe_psql('from11', q{SELECT idem_apply_version('entities', 'acct-11', 3)}), 'f',
+	'a version applied under 1.1 is a duplicate');
+is($node->safe_psql('from11', q{
+  SELECT string_agg(event_id || ':' || seq, ' ' ORDER BY seq) FROM idem_outbox_claim('relay-new', 10)}),
+	'', 'the event a relay claimed under 1.1 keeps its lease, and holds its aggregate back');
+$node->safe_psql('from11', q{SELECT idem_outbox_ack('relay-old', '{ev-1}')});
+is($node->safe_psql('from11', q{
+  SELECT string_agg(event_id || ':' || seq, ' ' ORDER BY seq) FROM idem_outbox_claim('relay-new', 10)}),
+	'ev-2:2', 'once it is acknowledged, the next event of the aggregate is relayed');
+
+# Emitting is a privilege now: PUBLIC's grant is gone, and a grant gives it back.
+is($node->safe_psql('from11', q{SELECT has_function_privilege('upgrade_producer',
+  'idem_emit(text,jsonb,text,jsonb,idem_key)', 'EXECUTE')}), 'f', '1.2 revokes PUBLIC\'s grant of idem_emit');
+($status, $out, $err) = $node->psql('from11', q{SELECT idem_emit('order.paid', '{"n": 3}', 'order-11')},
+	extra_params => [ '-U', 'upgrade_producer', '-v', 'VERBOSITY=verbose' ]);
+like($err, qr/42501.*permission denied for function idem_emit/s, 'a role without the grant gets 42501');
+$node->safe_psql('from11', q{GRANT EXECUTE ON FUNCTION idem_emit(text, jsonb, text, jsonb, idem_key) TO upgrade_producer});
+is($node->safe_psql('from11', q{SELECT idem_emit('order.paid', '{"n": 3}', 'order-11', event_id => 'ev-3')},
+	extra_params => [ '-U', 'upgrade_producer' ]), 'ev-3', 'and with the grant it emits');
+
+$node->safe_psql('from11', 'CREATE EXTENSION amcheck');
+is($node->safe_psql('from11', q{
+  SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid,
+         LATERAL bt_index_parent_check(i.indexrelid, heapallindexed => true)
+  WHERE c.relnamespace = 'idempotency'::regnamespace}), '12',
+	'amcheck finds every index consistent after the update from 1.1');
 
 $node->stop;
 done_testing();
