@@ -11,7 +11,7 @@ PG_OBJS = src/pg/errors.o src/pg/module.o src/pg/guc.o src/pg/shmem.o src/pg/key
           src/pg/api_fingerprint.o src/pg/api_monitor.o src/pg/api_reap.o src/pg/reaper_pass.o \
           src/pg/worker_state.o src/pg/reaper.o src/pg/launcher.o src/pg/utility_hook.o \
           src/pg/table.o src/pg/messaging_catalog.o src/pg/outbox_row.o src/pg/api_emit.o \
-          src/pg/api_apply.o src/pg/api_outbox.o src/pg/keyed_write.o src/pg/open_relations.o
+          src/pg/api_apply.o src/pg/api_outbox.o src/pg/keyed_write.o src/pg/open_relations.o src/pg/error_hints.o
 OBJS = $(CORE_OBJS) $(PG_OBJS)
 
 PG_CPPFLAGS = -Isrc
@@ -20,7 +20,7 @@ SHLIB_LINK = -lstdc++ -lcrypto
 
 EXTRA_CLEAN = $(EXTENSION)-*.tar.gz tmp_check_regress tmp_check_iso
 
-REGRESS = key_type claim unwritten finish lease abandoned fingerprint fingerprint_vectors identity lock_secret bad_input hostile layout settings reaper outbox apply_version open_relations ddl_rollback schemas
+REGRESS = key_type claim unwritten finish lease abandoned fingerprint fingerprint_vectors identity lock_secret bad_input hostile layout settings reaper outbox apply_version open_relations ddl_rollback schemas messages
 # Each runs against a temporary instance of its own (as postgres, not root), with
 # the settings the tests need: `make installcheck` needs no running server.
 REGRESS_OPTS = --inputdir=. --temp-instance=tmp_check_regress --temp-config=test/regress.conf

@@ -8,7 +8,7 @@ Field String, RFC 8941) calls the procedure http_create_payment
 
     201  the payment, the first time             Location: /payments/<id>
     201  the same status, Location and body      Idempotent-Replayed: true
-    409  another attempt is still in flight      Retry-After: <seconds>
+    409  another attempt is still in flight      Retry-After: <seconds left>
     422  the key was used for a different body   (IK001)
     400  no key, a malformed or invalid key, or a body that is not a payment
 
@@ -37,8 +37,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import psycopg
 from psycopg_pool import ConnectionPool
 
+# Each request is one CALL, cut off after this many seconds (statement_timeout): an
+# attempt in flight is over at most this long after it began, which bounds how long
+# its duplicates must wait.
+REQUEST_TIMEOUT = float(os.environ.get("REQUEST_TIMEOUT", "5"))
 pool = ConnectionPool(os.environ.get("DATABASE_URL", ""), min_size=1,
-                      max_size=int(os.environ.get("POOL_SIZE", "8")), open=False)
+                      max_size=int(os.environ.get("POOL_SIZE", "8")), open=False,
+                      kwargs={"options": f"-c statement_timeout={round(REQUEST_TIMEOUT * 1000)}"})
 
 SCOPE = "POST /payments"  # as in payments.sql
 # Problem types are sections of the API's documentation; this is the draft's example
@@ -198,7 +203,10 @@ def create_payment(key, account, amount):
         return response["status"], {**response["headers"], **replayed, **expiry(expires_at)}, \
             response["body"]
     if outcome == "in_progress":
-        return in_progress(retry_after.total_seconds(), expiry(expires_at))
+        # retry_after is how long this call waited for the attempt in flight, which held
+        # the key all that time: it began at least that long ago, so it is over within
+        # the rest of its REQUEST_TIMEOUT. That rest is the time left to wait.
+        return in_progress(REQUEST_TIMEOUT - retry_after.total_seconds(), expiry(expires_at))
     print(f"payments_service: unexpected outcome {outcome}", file=sys.stderr)
     return problem(500, None, "Internal Server Error", "unexpected claim outcome")
 
@@ -215,8 +223,8 @@ def error_response(conn, key, error):
                        "use a new key for a new request.", expiry(row and row[0]))
     if state == "22P02":  # the service checks keys first; kept in case the rule differs
         return problem(400, "malformed-key", "Idempotency-Key is malformed", message)
-    if state == "IK005":  # no time to wait is known
-        return in_progress(1)
+    if state == "IK005":  # an attempt in flight: over within REQUEST_TIMEOUT
+        return in_progress(REQUEST_TIMEOUT)
     print(f"payments_service: {state}: {message}", file=sys.stderr)
     return problem(500, None, "Internal Server Error", "the payment could not be made")
 

@@ -136,6 +136,12 @@ void raise_in_progress(const Identity& id) {
 
 void raise_claim_lost(const Identity& id, const Probe& probe, std::optional<int32_t> attempt) {
   const StoredRow& row = probe.view;
+  if (probe.found && probe.written_here && row.state != KeyState::kPending)
+    ereport(ERROR, errcode(ERRCODE_IDEM_CLAIM_LOST),
+            errmsg("idempotency key \"%s\" in scope \"%s\" was already %s in this transaction",
+                   key_text(id), text_to_cstring(id.scope), state_name(row.state)),
+            errdetail("A claim is finished once; its stored result is kept as it is."),
+            errhint("Call idem_complete or idem_fail once per claim, after the business write."));
   const char* detail;
   if (!probe.found || !is_live(row, GetCurrentTimestamp()))
     detail = psprintf("The key no longer exists or has expired.");

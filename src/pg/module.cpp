@@ -1,5 +1,6 @@
 // Module entry: settings, transaction callbacks, the utility hook and, when preloaded,
 // the reaper.
+#include "pg/error_hints.hpp"
 #include "pg/errors.hpp"
 #include "pg/guc.hpp"
 #include "pg/shmem.hpp"
@@ -16,6 +17,7 @@ void _PG_init(void) {
     idempotency::define_settings();
     idempotency::install_transaction_callbacks();
     idempotency::install_utility_hook();
+    idempotency::install_error_hints();
     // The reaper and the identity locks' insert counts need shared memory, which only
     // a preloaded library can have.
     if (process_shared_preload_libraries_in_progress) {

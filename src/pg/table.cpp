@@ -29,7 +29,8 @@ namespace idempotency {
 static bool is_key_type(Oid type) {
   HeapTuple tuple = SearchSysCache1(TYPEOID, ObjectIdGetDatum(type));
   if (!HeapTupleIsValid(tuple)) return false;
-  bool named = strcmp(NameStr(reinterpret_cast<Form_pg_type>(GETSTRUCT(tuple))->typname), "idem_key") == 0;
+  bool named =
+      strcmp(NameStr(reinterpret_cast<Form_pg_type>(GETSTRUCT(tuple))->typname), "idem_key") == 0;
   ReleaseSysCache(tuple);
   return named &&
          getExtensionOfObject(TypeRelationId, type) == get_extension_oid("idempotency", true);

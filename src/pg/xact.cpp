@@ -165,6 +165,12 @@ bool made_lease_claim(const Identity& id) {
   return false;
 }
 
+const Identity* last_lease_claim() {
+  for (int i = claim_count - 1; i >= 0; i--)
+    if (claims[i].lease) return &claims[i].id;
+  return nullptr;
+}
+
 bool claimed_here(const Probe& probe, const Identity& id) {
   return probe.written_here && probe.view.state == KeyState::kPending &&
          (!probe.view.lease_expires_at || made_lease_claim(id));

@@ -12,6 +12,9 @@ void remember_claim(const Identity& id, bool lease);
 // Whether this transaction made a lease claim on `id` (rare, so a scan will do).
 bool made_lease_claim(const Identity& id);
 
+// The last lease claim this transaction made, or null.
+const Identity* last_lease_claim();
+
 // Whether the probed row is a pending claim this transaction made (in-transaction or
 // with a lease), as opposed to one it merely wrote (a lease holder's checkpoint).
 bool claimed_here(const Probe& probe, const Identity& id);

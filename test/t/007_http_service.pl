@@ -31,6 +31,7 @@ my $service;
 	local $ENV{DATABASE_URL} =
 	  'host=' . $node->host . ' port=' . $node->port . ' dbname=postgres';
 	local $ENV{PORT} = $port;
+	local $ENV{REQUEST_TIMEOUT} = '4';
 	$service = IPC::Run::start([ '/usr/bin/python3', 'examples/http/payments_service.py' ],
 		'<', \undef, '>', $log, '2>', $log);
 }
@@ -255,6 +256,11 @@ is(scalar(@busy) + scalar(@created), 8,
 is_problem($busy[0] // {}, 409, 'in-progress', 'a duplicate in progress');
 ok(!grep({ ($_->{headers}{'retry-after'} // '') !~ /^[1-9]\d*$/ } @busy),
 	'each 409 says when to retry (Retry-After, whole seconds)');
+# The time left, not the time waited: the attempt in flight held the key for the
+# 300 ms each duplicate waited, so it is over within the rest of the service's
+# REQUEST_TIMEOUT (4 s): ceil(4 - 0.3) = 4 (the time waited would say 1).
+is(join(' ', sort map { $_->{headers}{'retry-after'} // '' } @busy), join(' ', ('4') x @busy),
+	'Retry-After is the time left of the attempt in flight');
 ok(!grep({ ($_->{headers}{'content-type'} // '') ne 'application/problem+json' } @busy),
 	'each as a problem');
 my $later = post('"order-3"', $body);
