@@ -1,5 +1,6 @@
 #include "pg/messaging_catalog.hpp"
 
+#include "pg/open_relations.hpp"
 #include "pg/table.hpp"
 
 extern "C" {
@@ -53,10 +54,7 @@ bool messaging_oids(MessagingOids* oids) {
       CacheRegisterRelcacheCallback(forget, 0);
       callback_registered = true;
     }
-    Oid schema = get_namespace_oid("idempotency", true);
-    auto relation = [schema](const char* name) {
-      return OidIsValid(schema) ? get_relname_relid(name, schema) : InvalidOid;
-    };
+    auto relation = extension_relation;
     MessagingOids found{relation("outbox"),
                         relation("outbox_pkey"),
                         relation("outbox_pending_idx"),

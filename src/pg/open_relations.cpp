@@ -1,6 +1,7 @@
 #include "pg/open_relations.hpp"
 
 extern "C" {
+#include "catalog/namespace.h"
 #include "access/genam.h"
 #include "access/relation.h"
 #include "access/xact.h"
@@ -177,20 +178,51 @@ void close_indexes(ResultRelInfo* result_rel) {
 
 }  // namespace
 
-// The OIDs come from caches filled by name. REINDEX CONCURRENTLY swaps a new index in
-// under the old one's name and drops the old one, so an OID read from a cache just
-// before can be gone once its lock is granted: then the relation now of that name is
-// the one meant (its name is read before locking, while the catalog cache still has it).
+// The catalogs cache OIDs looked up by name. REINDEX CONCURRENTLY moves an index's name
+// to the new index (the old one becomes <name>_ccold) and drops the old one, so a
+// cached OID can be gone once its lock is granted: the relation meant is then the one
+// now of the name it was looked up by. The last kNamed look-ups are kept for that.
+namespace {
+constexpr int kNamed = 64;
+struct NamedRelation {
+  Oid oid;
+  const char* name;
+};
+NamedRelation named[kNamed];
+int named_next = 0;
+
+const char* looked_up_as(Oid oid) {
+  for (const NamedRelation& n : named)
+    if (n.oid == oid) return n.name;
+  return nullptr;
+}
+}  // namespace
+
+Oid extension_relation(const char* name) {
+  Oid schema = get_namespace_oid("idempotency", true);
+  Oid oid = OidIsValid(schema) ? get_relname_relid(name, schema) : InvalidOid;
+  if (OidIsValid(oid) && looked_up_as(oid) == nullptr) {
+    named[named_next] = NamedRelation{oid, name};
+    named_next = (named_next + 1) % kNamed;
+  }
+  return oid;
+}
+
 Relation open_current(Oid oid, LOCKMODE mode, Oid* opened) {
   for (;;) {
-    const char* name = get_rel_name(oid);
-    Oid schema = get_rel_namespace(oid);
-    Relation relation = name == nullptr ? nullptr : try_relation_open(oid, mode);
-    if (relation != nullptr) {
+    Relation relation = try_relation_open(oid, mode);
+    const char* name = looked_up_as(oid);
+    // Swapped out but not yet dropped: no longer valid, and soon not ready for
+    // inserts either, so a scan of it could miss new keys.
+    bool swapped_out = relation != nullptr && relation->rd_index != nullptr &&
+                       !relation->rd_index->indisvalid && name != nullptr &&
+                       extension_relation(name) != oid;
+    if (relation != nullptr && !swapped_out) {
       *opened = oid;
       return relation;
     }
-    Oid current = name == nullptr ? InvalidOid : get_relname_relid(name, schema);
+    if (swapped_out) relation_close(relation, mode);
+    Oid current = name == nullptr ? InvalidOid : extension_relation(name);
     if (!OidIsValid(current) || current == oid)
       ereport(ERROR, errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
               errmsg("a relation of the idempotency extension was dropped while in use"),
@@ -198,8 +230,6 @@ Relation open_current(Oid oid, LOCKMODE mode, Oid* opened) {
     oid = current;
   }
 }
-
-namespace {}  // namespace
 
 Relation open_for_transaction(Oid oid, LOCKMODE mode) {
   Entry* entry = find(oid);

@@ -32,9 +32,14 @@ struct IndexWriter {
 };
 IndexWriter index_writer_for_transaction(Relation heap);
 
+// The OID of the extension's relation `name` (a string literal) in schema idempotency,
+// or InvalidOid; remembered with its name, for open_current.
+Oid extension_relation(const char* name);
+
 // `oid` locked in `mode`, or if a REINDEX CONCURRENTLY replaced that index since its
-// OID was cached, the index now of its name (*opened says which). For relations not
-// kept open for the transaction too (the reaper's scans, idem_stats).
+// OID was cached (by extension_relation), the index now of its name (*opened says
+// which). For relations not kept open for the transaction too (the reaper's scans,
+// idem_stats).
 Relation open_current(Oid oid, LOCKMODE mode, Oid* opened);
 
 // Closes them all (before commit, prepare and utility commands).

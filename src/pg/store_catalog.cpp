@@ -65,10 +65,7 @@ const StoreOids& store_oids() {
     CacheRegisterRelcacheCallback(forget_oids, 0);
     callback_registered = true;
   }
-  Oid schema = get_namespace_oid("idempotency", true);
-  auto relation = [schema](const char* name) {
-    return OidIsValid(schema) ? get_relname_relid(name, schema) : InvalidOid;
-  };
+  auto relation = extension_relation;
   StoreOids oids{relation("keys"),
                  relation("keys_pkey"),
                  relation("keys_expires_at_idx"),
