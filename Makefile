@@ -4,19 +4,24 @@ MODULE_big = idempotency
 DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql idempotency--1.1--1.2.sql
 
 CORE_OBJS = src/core/key.o src/core/canonical_json.o src/core/sha256.o src/core/key_state.o src/core/outbox.o
-PG_OBJS = src/pg/errors.o src/pg/module.o src/pg/guc.o src/pg/shmem.o src/pg/key_type.o \
-          src/pg/key_row.o src/pg/waits.o src/pg/store_catalog.o src/pg/store.o \
-          src/pg/store_scans.o src/pg/identity_lock.o src/pg/xact.o src/pg/driver.o \
-          src/pg/arguments.o src/pg/api_claim.o src/pg/api_finish.o src/pg/api_read.o \
-          src/pg/api_fingerprint.o src/pg/api_monitor.o src/pg/api_reap.o src/pg/reaper_pass.o \
-          src/pg/worker_state.o src/pg/reaper.o src/pg/launcher.o src/pg/utility_hook.o \
-          src/pg/table.o src/pg/messaging_catalog.o src/pg/outbox_row.o src/pg/api_emit.o \
-          src/pg/api_apply.o src/pg/api_outbox.o src/pg/keyed_write.o src/pg/open_relations.o src/pg/error_hints.o
+# One folder per concern (src/pg/README.md): what they share, the key store, messaging,
+# the background worker, and the module that installs them into PostgreSQL.
+PG_COMMON_OBJS = src/pg/common/errors.o src/pg/common/guc.o src/pg/common/key_type.o src/pg/common/open_relations.o src/pg/common/table.o src/pg/common/waits.o
+PG_KEYS_OBJS = src/pg/keys/key_row.o src/pg/keys/store_catalog.o src/pg/keys/store.o src/pg/keys/store_scans.o src/pg/keys/identity_lock.o src/pg/keys/driver.o src/pg/keys/xact.o src/pg/keys/arguments.o src/pg/keys/api_claim.o src/pg/keys/api_finish.o src/pg/keys/api_read.o src/pg/keys/api_fingerprint.o src/pg/keys/error_hints.o
+PG_MESSAGING_OBJS = src/pg/messaging/messaging_catalog.o src/pg/messaging/outbox_row.o src/pg/messaging/keyed_write.o src/pg/messaging/api_emit.o src/pg/messaging/api_apply.o src/pg/messaging/api_outbox.o
+PG_WORKER_OBJS = src/pg/worker/worker_state.o src/pg/worker/launcher.o src/pg/worker/reaper.o src/pg/worker/reaper_pass.o src/pg/worker/api_reap.o src/pg/worker/api_monitor.o
+PG_MODULE_OBJS = src/pg/module/module.o src/pg/module/utility_hook.o src/pg/module/shmem.o
+PG_OBJS = $(PG_COMMON_OBJS) $(PG_KEYS_OBJS) $(PG_MESSAGING_OBJS) $(PG_WORKER_OBJS) $(PG_MODULE_OBJS)
 OBJS = $(CORE_OBJS) $(PG_OBJS)
 
 PG_CPPFLAGS = -Isrc
 PG_CXXFLAGS = -std=c++17 -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-register
 SHLIB_LINK = -lstdc++ -lcrypto
+# The tests build with WERROR=1: a warning in the extension's own sources fails them,
+# on every PostgreSQL version they build against.
+ifdef WERROR
+PG_CXXFLAGS += -Werror
+endif
 
 EXTRA_CLEAN = $(EXTENSION)-*.tar.gz tmp_check_regress tmp_check_iso
 
@@ -41,7 +46,7 @@ include $(PGXS)
 
 # Debian's PGXS tracks no header dependencies: rebuild every object when a header
 # changes, so that no object keeps an old struct or column layout.
-$(OBJS): $(wildcard src/core/*.hpp src/pg/*.hpp)
+$(OBJS): $(wildcard src/core/*.hpp src/pg/*/*.hpp)
 
 # make dist: a source tarball of the tracked files as they are in the work tree
 # (uncommitted changes included), for PGXN and for building elsewhere. After the
@@ -57,8 +62,8 @@ dist:
 # The developer loop: clang-format (.clang-format) and clang-tidy (.clang-tidy), over
 # the C++ of both halves. `make lint` records the compiler's commands with bear, so
 # compile_commands.json covers src/pg (with PostgreSQL's headers) as well as src/core.
-CXX_SOURCES = $(wildcard src/core/*.cpp src/pg/*.cpp)
-CXX_FILES = $(CXX_SOURCES) $(wildcard src/core/*.hpp src/pg/*.hpp test/unit/*.cpp test/fuzz/*.cpp)
+CXX_SOURCES = $(wildcard src/core/*.cpp src/pg/*/*.cpp)
+CXX_FILES = $(CXX_SOURCES) $(wildcard src/core/*.hpp src/pg/*/*.hpp test/unit/*.cpp test/fuzz/*.cpp)
 
 .PHONY: format format-check lint
 format:

@@ -3,8 +3,9 @@
 #
 #   1. installs the Debian packages it needs (all of them again when CI=true);
 #   2. packs the source with `make dist` and works from that tarball from here on (so
-#      the tests also prove the tarball complete); checks META.json; builds and
-#      installs the extension (PGXS), and checks `make install DESTDIR=...`;
+#      the tests also prove the tarball complete); checks META.json; builds (with
+#      WERROR=1: a compiler warning fails the build) and installs the extension (PGXS),
+#      and checks `make install DESTDIR=...`;
 #   3. unit tests of the C++ core with ctest, plainly and under ASan/UBSan, the Node.js
 #      fingerprint client against test/fingerprint_vectors.json, and the libFuzzer
 #      targets for FUZZ_SECONDS each (default 30; 0 skips them);
@@ -180,7 +181,7 @@ install_packages() {
 # Returns non-zero when the extension did not build or install.
 build_extension() {
   say "build and install the extension (make && make install)"
-  if (cd "$work/src" && build_and_install) 2>&1 | tee "$work/build.log"; then
+  if (cd "$work/src" && WERROR=1 build_and_install) 2>&1 | tee "$work/build.log"; then
     echo "installed $("$PG_CONFIG" --pkglibdir)/idempotency.so"
     return 0
   fi

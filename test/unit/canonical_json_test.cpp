@@ -78,6 +78,21 @@ TEST(CanonicalJson, NumbersInPlainDecimal) {
   expect_all(cases);
 }
 
+// The error boundary reports a core error at its throw site (file, line, function), not
+// at the boundary: the Error carries where it was made.
+TEST(CanonicalJson, ErrorKnowsWhereItWasThrown) {
+  try {
+    canonical_json("[1,");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.sqlstate(), "22023");
+    std::string file = e.site().file;
+    EXPECT_EQ(file.substr(file.rfind('/') + 1), "canonical_json.cpp");
+    EXPECT_GT(e.site().line, 0);
+    EXPECT_STREQ(e.site().function, "invalid");
+  }
+}
+
 TEST(CanonicalJson, NumberLengthLimit) {
   // 1e-k is "0." then k-1 zeros then "1": k + 2 characters.
   EXPECT_EQ(canonical_json("1e-199998").size(), kMaxCanonicalNumberChars);

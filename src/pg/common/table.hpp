@@ -1,0 +1,113 @@
+// Direct access to the messaging tables (idempotency.outbox, outbox_aggregates,
+// applied_versions): rows read through an index with a given snapshot, locked
+// without queueing, inserted, updated and deleted with their index entries. No SPI,
+// no planning. It reads and writes what it is told: the rules are in
+// src/core/outbox.hpp, asked by the api_* files and the reaper.
+#pragma once
+
+#include <type_traits>
+
+#include "pg/common/postgres.hpp"
+
+extern "C" {
+#include "access/genam.h"
+#include "access/tableam.h"
+#include "nodes/execnodes.h"
+#include "utils/rel.h"
+#include "utils/timestamp.h"
+}
+
+namespace idempotency {
+
+// A column the library expects: its name and type (InvalidOid: idem_key).
+struct ColumnSpec {
+  const char* name;
+  Oid type;
+};
+
+// 55000 unless the table has exactly these columns, in this order: a library must
+// never write columns it does not know (an older library against a newer schema).
+void check_columns(Oid heap, const ColumnSpec* columns, int count);
+
+// One table for a call (open_relations keeps it open for the transaction).
+struct Table {
+  Relation heap;
+  TupleTableSlot* slot;        // the row last read or locked
+  TupleTableSlot* write_slot;  // the row being written
+  bool wrote;
+};
+
+static_assert(std::is_trivially_destructible_v<Table>);
+
+void open_table(Table* table, Oid heap, bool for_write);
+// After writes, makes them visible to the rest of the transaction.
+void close_table(Table* table);
+
+// A scan of an index of the table; each row found is in table->slot.
+struct IndexCursor {
+  Relation index;
+  IndexScanDesc scan;
+};
+
+void cursor_open(Table* table, IndexCursor* cursor, Oid index, Snapshot snapshot, ScanKey keys,
+                 int nkeys);
+bool cursor_next(Table* table, IndexCursor* cursor);
+void cursor_close(IndexCursor* cursor);
+// The first row matching `keys` through `index` (a unique one: the row), in the slot.
+bool table_find(Table* table, Oid index, Snapshot snapshot, ScanKey keys, int nkeys);
+
+// The equality function of `index`'s column `column` (0-based), for scan keys.
+RegProcedure index_equality(Oid index, int column);
+
+// The row's values (1-based attribute numbers), valid while the slot holds it.
+Datum column(Table* table, int attnum, bool* isnull);
+
+// How one row version looks to a dirty snapshot (judged under its buffer's lock);
+// for the key store's probe too.
+struct VersionLook {
+  bool visible;               // live, or being written by a transaction in progress
+  ItemPointerData successor;  // valid when an update moved the row to another version
+  TransactionId updater;      // that update's transaction
+};
+VersionLook look_at_version(HeapTuple tuple, Buffer buffer, Snapshot dirty);
+// A scan can pass the place where an update puts the new version's index entry just
+// before the update inserts it, and reach the old version just after the update
+// commits: the row would seem gone. True, with the successor in `slot`, when the
+// chain of versions ends in one the dirty snapshot sees.
+bool follow_update_chain(Relation heap, VersionLook look, Snapshot dirty, TupleTableSlot* slot);
+
+// What a look at a row by a unique key found: its live version, or the version
+// another transaction in progress is writing (then `writer`, to wait for). The row
+// is in the table's slot.
+struct Look {
+  bool found;
+  ItemPointerData tid;
+  TransactionId writer;
+};
+Look table_look(Table* table, Oid index, ScanKey keys, int nkeys);
+
+enum class Lock {
+  kLocked,  // locked; the slot holds its newest version
+  kBusy,    // another transaction is writing or locking it
+  kGone,    // deleted
+};
+// Locks the row's newest version for update without waiting.
+Lock table_lock(Table* table, ItemPointer tid);
+// The same, polling until `deadline` while it is busy.
+Lock table_lock_waiting(Table* table, ItemPointer tid, TimestampTz deadline);
+
+// Writes with index entries. A unique violation (a row made by hand outside the
+// functions) raises 23505.
+void table_insert(Table* table, const Datum* values, const bool* nulls);
+// Updates a row this transaction locked (or may write: no one else can).
+void table_update(Table* table, ItemPointer tid, const Datum* values, const bool* nulls);
+// Updates the version at `tid` unless another transaction is writing or locking it
+// (kBusy; so is one this transaction locked) or it is no longer the newest (kChanged:
+// updated or deleted since it was read). kDone means the version decided on was the
+// newest: no lock needed first, one write instead of two.
+enum class Write { kDone, kBusy, kChanged };
+Write table_try_update(Table* table, ItemPointer tid, const Datum* values, const bool* nulls);
+// The same for a delete.
+Write table_try_delete(Table* table, ItemPointer tid);
+
+}  // namespace idempotency

@@ -1,0 +1,31 @@
+// Waits for other transactions, bounded by a deadline. A wait that cannot end at once
+// sleeps in PostgreSQL's lock queue, as a row lock's wait does, so that the deadlock
+// detector sees it: a cycle of waits (through keys, aggregates, event ids, entities
+// or ordinary locks) ends with 40P01 for one of its transactions after
+// deadlock_timeout. Running out at the deadline ends only the wait, not the caller's
+// transaction; lock_timeout, statement_timeout and query cancel end it as any lock
+// wait (55P03, 57014).
+#pragma once
+
+#include "pg/common/postgres.hpp"
+
+extern "C" {
+#include "storage/lock.h"
+#include "utils/timestamp.h"
+}
+
+namespace idempotency {
+
+// Until the transaction `writer` ends (true) or the deadline passes (false). An
+// invalid `writer` (a row lock without an updater) is polled once: true.
+bool wait_for_writer(TransactionId writer, TimestampTz deadline);
+
+// Takes `tag` in ExclusiveLock for the top-level transaction, waiting in the queue
+// until the deadline (false if it passes).
+bool lock_waiting(const LOCKTAG& tag, TimestampTz deadline);
+
+// One sleep of a polled wait, backing off; false once `deadline` has passed. For waits
+// no transaction could be part of a cycle through (a row only the reaper holds).
+bool sleep_before_retry(long* sleep_us, TimestampTz deadline);
+
+}  // namespace idempotency

@@ -1,0 +1,214 @@
+// idem_claim and idem_once: claiming a key. Each checks its arguments, then the driver
+// looks at the key and the core (decide_claim, claim_fresh, claim_take_over) decides.
+#include "pg/keys/arguments.hpp"
+#include "pg/keys/driver.hpp"
+#include "pg/common/errors.hpp"
+#include "pg/keys/xact.hpp"
+
+extern "C" {
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "tcop/utility.h"
+#include "utils/builtins.h"
+}
+
+namespace idempotency {
+
+struct ClaimRequest {
+  Identity id;
+  ClaimTerms terms;
+  bool in_transaction;  // no lease
+  TimestampTz started;
+  TimestampTz deadline;
+};
+
+static_assert(std::is_trivially_destructible_v<ClaimRequest>);
+
+// The claim's terms: its fingerprint, and its window and lease computed from now.
+static ClaimTerms claim_terms(std::optional<Fingerprint> fingerprint, Interval* ttl,
+                              Interval* lease, TimestampTz now) {
+  ClaimTerms terms;
+  terms.fingerprint = fingerprint;
+  terms.expires_at = plus(now, ttl);
+  if (lease != nullptr) {
+    terms.lease = opaque(PointerGetDatum(lease));
+    terms.lease_end = plus(now, lease);
+  }
+  return terms;
+}
+
+// The row of `view` written over the identity columns of `base`.
+static KeyRow next_row(const KeyRow& base, const StoredRow& view) {
+  KeyRow row = base;
+  write_row(view, &row);
+  return row;
+}
+
+enum class Outcome { kClaimed, kReplay, kInProgress, kDuplicate };
+
+static Datum claim_result(FunctionCallInfo fcinfo, Outcome outcome, const KeyRow& row,
+                          std::optional<int64> retry_after_us) {
+  static const char* const names[] = {"claimed", "replay", "in_progress", "duplicate"};
+  // Looked up once per call site, not per call: the claim path runs in every transaction.
+  auto desc = static_cast<TupleDesc>(fcinfo->flinfo->fn_extra);
+  if (desc == nullptr) {
+    TupleDesc looked_up;
+    if (get_call_result_type(fcinfo, nullptr, &looked_up) != TYPEFUNC_COMPOSITE)
+      elog(ERROR, "idem_claim must return a composite type");
+    MemoryContext old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
+    desc = BlessTupleDesc(CreateTupleDescCopy(looked_up));
+    MemoryContextSwitchTo(old);
+    fcinfo->flinfo->fn_extra = desc;
+  }
+
+  KeyState state = KeyState::kPending;
+  if (outcome == Outcome::kReplay) parse_state(DatumGetChar(row.get(kState)), &state);
+  bool show_checkpoint = outcome != Outcome::kInProgress;
+  Datum values[9] = {};
+  bool nulls[9] = {};
+  values[0] = CStringGetTextDatum(names[static_cast<int>(outcome)]);
+  values[1] = CStringGetTextDatum(state_name(state));
+  nulls[2] = outcome != Outcome::kReplay || row.null(kResponse);
+  values[2] = nulls[2] ? 0 : row.get(kResponse);
+  values[3] = row.get(kAttempt);
+  nulls[4] = !show_checkpoint || row.null(kCheckpoint);
+  values[4] = nulls[4] ? 0 : row.get(kCheckpoint);
+  nulls[5] = !show_checkpoint || row.null(kCheckpointData);
+  values[5] = nulls[5] ? 0 : row.get(kCheckpointData);
+  nulls[6] = !retry_after_us;
+  values[6] = retry_after_us ? PointerGetDatum(micros_interval(*retry_after_us)) : 0;
+  nulls[7] = row.null(kFirstClaimedAt);
+  values[7] = row.get(kFirstClaimedAt);
+  nulls[8] = row.null(kExpiresAt);
+  values[8] = row.get(kExpiresAt);
+  return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
+}
+
+// After a wait ran out: how long it waited, at least 100 ms.
+static int64 waited_us(const ClaimRequest& request) {
+  return Max(GetCurrentTimestamp() - request.started, INT64CONST(100000));
+}
+
+// What another transaction's claim shows while only its identity lock does: the
+// first attempt, its row not yet written.
+static KeyRow claim_not_yet_written() {
+  KeyRow row;
+  for (int c = 1; c <= kKeysColumns; c++) row.clear(static_cast<KeysColumn>(c));
+  row.set(kAttempt, Int32GetDatum(1));
+  return row;
+}
+
+// The write a claim (or idem_once, completing at once) makes of `action`.
+static Step claim_step(ClaimAction action, const ClaimRequest& request, const Probe& probe,
+                       TimestampTz now, bool complete_at_once) {
+  Step step;
+  StoredRow next;
+  switch (action) {
+    case ClaimAction::kWait: step.kind = Step::kWait; return step;
+    case ClaimAction::kInsert:
+    case ClaimAction::kReplaceExpired: next = claim_fresh(request.terms, now); break;
+    case ClaimAction::kTakeOver: next = claim_take_over(probe.view, request.terms); break;
+    default: step.kind = Step::kStop; return step;
+  }
+  if (complete_at_once) next = complete(next, 0);
+  step.row =
+      next_row(action == ClaimAction::kTakeOver ? probe.row : identity_row(request.id), next);
+  if (action != ClaimAction::kInsert)
+    step.kind = Step::kUpdate;
+  else if (!complete_at_once && request.in_transaction && can_leave_claim_unwritten())
+    step.kind = Step::kKeepUnwritten;
+  else
+    step.kind = Step::kInsert;
+  return step;
+}
+
+static Datum claim(FunctionCallInfo fcinfo) {
+  ClaimRequest request;
+  request.id = identity_arguments(fcinfo);
+  std::optional<Fingerprint> fingerprint = fingerprint_argument(fcinfo, 2);
+  request.started = GetCurrentTimestamp();
+  Interval* ttl = ttl_argument(fcinfo, 3, request.started);
+  Interval* lease = lease_argument(fcinfo, 4, request.started, ttl);
+  request.deadline = wait_deadline(fcinfo, 5, request.started);
+  PreventCommandIfReadOnly("idem_claim()");
+  request.in_transaction = lease == nullptr;
+
+  KeyStore store;
+  store_open(&store, true);
+  ClaimAction action = ClaimAction::kInsert;
+  auto decide = [&](const Probe& probe, TimestampTz now) {
+    request.terms = claim_terms(fingerprint, ttl, lease, now);  // the window starts now
+    action = decide_claim(probe.found ? &probe.view : nullptr,
+                          fingerprint ? std::optional(fingerprint->bytes) : std::nullopt, now);
+    if (action == ClaimAction::kMismatch) raise_mismatch(request.id);
+    return claim_step(action, request, probe, now, false);
+  };
+  Probe probe;
+  Step step;
+  Driven driven = drive(&store, request.id, request.deadline, Start::kLook, decide, &probe, &step);
+  store_close(&store);
+
+  if (driven == Driven::kTimedOut)
+    return claim_result(fcinfo, Outcome::kInProgress,
+                        probe.found ? probe.row : claim_not_yet_written(), waited_us(request));
+  switch (action) {
+    case ClaimAction::kDuplicate:
+      return claim_result(fcinfo, Outcome::kDuplicate, probe.row, std::nullopt);
+    case ClaimAction::kReplay:
+      return claim_result(fcinfo, Outcome::kReplay, probe.row, std::nullopt);
+    case ClaimAction::kInProgress:
+      return claim_result(fcinfo, Outcome::kInProgress, probe.row,
+                          *probe.view.lease_expires_at - GetCurrentTimestamp());
+    default:
+      remember_claim(request.id, !request.in_transaction);
+      return claim_result(fcinfo, Outcome::kClaimed, step.row, std::nullopt);
+  }
+}
+
+// Whether this backend's last idem_once inserted its key. A batch consumer's message
+// ids are new, or, when a batch is delivered again, all seen: idem_once inserts first
+// after a call that inserted, and looks first after one that found its key. Only in
+// a transaction that already writes (it has a transaction id): one whose calls only
+// find their keys writes nothing and takes no transaction id, as any replay.
+static bool last_once_inserted = false;
+
+static Start once_start() {
+  return last_once_inserted && TransactionIdIsValid(GetTopTransactionIdIfAny())
+             ? Start::kInsertFirst
+             : Start::kLook;
+}
+
+// Claims and completes in one write: a fresh key is inserted already completed.
+static Datum once(FunctionCallInfo fcinfo) {
+  ClaimRequest request{};
+  request.id = identity_arguments(fcinfo);
+  request.started = GetCurrentTimestamp();
+  Interval* ttl = ttl_argument(fcinfo, 2, request.started);
+  request.deadline = wait_deadline(fcinfo, 3, request.started);
+  PreventCommandIfReadOnly("idem_once()");
+
+  KeyStore store;
+  store_open(&store, true);
+  auto decide = [&](const Probe& probe, TimestampTz now) {
+    request.terms = claim_terms(std::nullopt, ttl, nullptr, now);
+    ClaimAction action = decide_claim(probe.found ? &probe.view : nullptr, std::nullopt, now);
+    if (action == ClaimAction::kInProgress) raise_in_progress(request.id);  // a live lease
+    return claim_step(action, request, probe, now, true);
+  };
+  Probe probe;
+  Step step;
+  Driven driven = drive(&store, request.id, request.deadline, once_start(), decide, &probe, &step);
+  store_close(&store);
+  last_once_inserted = driven == Driven::kDone && step.kind == Step::kInsert && !probe.found;
+  if (driven == Driven::kTimedOut) raise_in_progress(request.id);
+  PG_RETURN_BOOL(step.kind != Step::kStop);
+}
+
+}  // namespace idempotency
+
+using namespace idempotency;
+
+IDEM_SQL_FUNCTION(idem_claim, claim)
+IDEM_SQL_FUNCTION(idem_once, once)

@@ -1,0 +1,55 @@
+// The calling transaction's in-transaction claims, and IK002 at COMMIT and PREPARE.
+#pragma once
+
+#include "pg/keys/store.hpp"
+
+namespace idempotency {
+
+// Remembers a claim this transaction made (in-transaction, or with a lease) until the
+// transaction ends.
+void remember_claim(const Identity& id, bool lease);
+
+// Whether this transaction made a lease claim on `id` (rare, so a scan will do).
+bool made_lease_claim(const Identity& id);
+
+// The last lease claim this transaction made, or null.
+const Identity* last_lease_claim();
+
+// Whether the probed row is a pending claim this transaction made (in-transaction or
+// with a lease), as opposed to one it merely wrote (a lease holder's checkpoint).
+bool claimed_here(const Probe& probe, const Identity& id);
+
+// In-transaction claims of keys that had no row are not written when made: the claim
+// holds the identity lock instead, and its finish inserts the finished row, one write
+// where a pending row and its update would be two. At most this many at a time; more
+// claims are written when made.
+constexpr int kMaxUnwrittenClaims = 32;
+
+// Takes the identity lock (polled until `deadline`, false if it passes) and records
+// it, so that an error caught in a savepoint cannot leave it held; the transaction
+// holds it until release_identity_lock, or as an unwritten claim's lock.
+bool hold_identity_lock(const struct IdentityLock& lock, TimestampTz deadline);
+void release_identity_lock(const struct IdentityLock& lock);
+
+// Whether another claim may be left unwritten.
+bool can_leave_claim_unwritten();
+// Remembers `row` (copied) as the unwritten row of this transaction's claim on its key,
+// which keeps holding the identity lock `lock` (taken with hold_identity_lock);
+// remember_claim is called as for any claim.
+void remember_unwritten_claim(const KeyRow& row, const struct IdentityLock& lock);
+// The row of this transaction's unwritten claim on `id`, or null.
+const KeyRow* unwritten_claim(const Identity& id);
+// Notes that a finish wrote (or, releasing it, dropped) the claim's row. In the
+// subtransaction that made the claim that is final, and the identity lock goes;
+// deeper, a rollback makes the claim unwritten again, so the lock stays until the
+// savepoint is released into the claim's subtransaction.
+void note_unwritten_claim_written(const Identity& id);
+
+// Notes that a finishing call (complete, fail, release, forget) took one of this
+// transaction's in-transaction claims out of pending.
+void note_claim_finished();
+
+// Registers the transaction callbacks; once per backend.
+void install_transaction_callbacks();
+
+}  // namespace idempotency

@@ -1,0 +1,87 @@
+// idem_apply_version: whether a consumer applies a version of an entity (the core's
+// should_apply), recorded in idempotency.applied_versions in the calling transaction.
+// One call at a time per (role, scope, entity): the record this transaction writes
+// is its own until it ends (keyed_write.hpp), so the next call waits and sees it.
+#include "core/outbox.hpp"
+#include "pg/keys/arguments.hpp"
+#include "pg/common/errors.hpp"
+#include "pg/keys/identity_lock.hpp"
+#include "pg/messaging/keyed_write.hpp"
+#include "pg/messaging/messaging_catalog.hpp"
+#include "pg/common/table.hpp"
+
+extern "C" {
+#include "catalog/pg_collation.h"
+#include "miscadmin.h"
+#include "tcop/utility.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/snapmgr.h"
+}
+
+namespace idempotency {
+
+static std::string_view bytes_of(const text* value) {
+  return std::string_view(VARDATA_ANY(value), VARSIZE_ANY_EXHDR(value));
+}
+
+[[noreturn]] static void raise_apply_in_progress(text* scope, text* entity) {
+  ereport(ERROR, errcode(ERRCODE_IDEM_IN_PROGRESS),
+          errmsg("entity \"%s\" in scope \"%s\" is being applied by another transaction",
+                 text_to_cstring(entity), text_to_cstring(scope)),
+          errdetail("It did not end within idempotency.wait_timeout."), errhint("Retry later."));
+}
+
+static Datum apply_version(FunctionCallInfo fcinfo) {
+  require_argument(fcinfo, 0, "scope");
+  require_argument(fcinfo, 1, "entity");
+  require_argument(fcinfo, 2, "version");
+  text* scope = name_argument(fcinfo, 0, "scope");
+  text* entity = name_argument(fcinfo, 1, "entity");
+  int64 version = PG_GETARG_INT64(2);
+  TimestampTz now = GetCurrentTimestamp();
+  Interval* ttl = ttl_argument(fcinfo, 3, now);
+  PreventCommandIfReadOnly("idem_apply_version()");
+
+  MessagingOids oids = required_messaging_oids();
+  Oid role = GetUserId();
+  Table applied;
+  open_table(&applied, oids.applied, true);
+  ScanKeyData keys[3];
+  ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(role));
+  ScanKeyEntryInitialize(&keys[1], 0, 2, BTEqualStrategyNumber, InvalidOid, C_COLLATION_OID,
+                         F_TEXTEQ, PointerGetDatum(scope));
+  ScanKeyEntryInitialize(&keys[2], 0, 3, BTEqualStrategyNumber, InvalidOid, C_COLLATION_OID,
+                         F_TEXTEQ, PointerGetDatum(entity));
+  namespace col = applied_column;
+  Datum values[col::kCount] = {ObjectIdGetDatum(role), TimestampTzGetDatum(plus(now, ttl)),
+                               Int64GetDatum(version), PointerGetDatum(scope),
+                               PointerGetDatum(entity)};
+  bool nulls[col::kCount] = {};
+  bool apply = false;
+  auto decide = [&](bool found) {
+    std::optional<int64> last;
+    bool isnull;
+    // An expired record is forgotten, as an expired key is, whether reaped yet or not.
+    if (found && DatumGetTimestampTz(column(&applied, col::kExpiresAt, &isnull)) > now)
+      last = DatumGetInt64(column(&applied, col::kVersion, &isnull));
+    apply = should_apply(last, version);
+    if (!apply) return KeyedWrite{};
+    return KeyedWrite{found ? KeyedWrite::kUpdate : KeyedWrite::kInsert, values, nulls};
+  };
+  LOCKTAG lock =
+      messaging_lock(MessagingLock::kAppliedEntity,
+                     {std::string_view(reinterpret_cast<const char*>(&role), sizeof(role)),
+                      bytes_of(scope), bytes_of(entity)},
+                     store_lock_secret());
+  if (!write_keyed(&applied, oids.applied_pkey, keys, 3, lock, default_wait_deadline(now), decide))
+    raise_apply_in_progress(scope, entity);
+  close_table(&applied);
+  PG_RETURN_BOOL(apply);
+}
+
+}  // namespace idempotency
+
+using namespace idempotency;
+
+IDEM_SQL_FUNCTION(idem_apply_version, apply_version)

@@ -1,0 +1,134 @@
+// idem_emit: an outbox event in the calling transaction. With an event id, at most
+// one event per id; with an aggregate, the next seq of its (topic, aggregate), whose
+// counter row this transaction then holds until it ends: the next emitter for the
+// aggregate waits for it, so seq follows commit order with no gap. Both are
+// keyed_write's loop; the rules are in src/core/outbox.hpp.
+#include "core/outbox.hpp"
+#include "pg/keys/arguments.hpp"
+#include "pg/common/errors.hpp"
+#include "pg/keys/identity_lock.hpp"
+#include "pg/messaging/keyed_write.hpp"
+#include "pg/common/key_type.hpp"
+#include "pg/messaging/messaging_catalog.hpp"
+#include "pg/common/table.hpp"
+
+extern "C" {
+#include "access/xact.h"
+#include "catalog/pg_collation.h"
+#include "commands/sequence.h"
+#include "miscadmin.h"
+#include "tcop/utility.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/snapmgr.h"
+}
+
+namespace idempotency {
+
+static std::string_view bytes_of(const void* value) {
+  auto v = static_cast<const struct varlena*>(value);
+  return std::string_view(VARDATA_ANY(v), VARSIZE_ANY_EXHDR(v));
+}
+
+[[noreturn]] static void raise_emit_in_progress(const char* detail) {
+  ereport(ERROR, errcode(ERRCODE_IDEM_IN_PROGRESS),
+          errmsg("another transaction in progress is emitting for the same %s", detail),
+          errdetail("It did not end within idempotency.wait_timeout."), errhint("Retry later."));
+}
+
+// The aggregate's next seq, counted in outbox_aggregates: the counter's row, written
+// here, makes the next emitter for the aggregate wait until this transaction ends.
+static int64 take_seq(const MessagingOids& oids, text* topic, text* aggregate,
+                      const LockSecret& secret, TimestampTz deadline) {
+  Table counters;
+  open_table(&counters, oids.aggregates, true);
+  ScanKeyData keys[2];
+  ScanKeyEntryInitialize(&keys[0], 0, 1, BTEqualStrategyNumber, InvalidOid, C_COLLATION_OID,
+                         F_TEXTEQ, PointerGetDatum(topic));
+  ScanKeyEntryInitialize(&keys[1], 0, 2, BTEqualStrategyNumber, InvalidOid, C_COLLATION_OID,
+                         F_TEXTEQ, PointerGetDatum(aggregate));
+  int64 seq = 0;
+  Datum values[aggregate_column::kCount] = {PointerGetDatum(topic), PointerGetDatum(aggregate), 0};
+  bool nulls[aggregate_column::kCount] = {};
+  auto decide = [&](bool found) {
+    std::optional<int64> last;
+    bool isnull;
+    if (found) last = DatumGetInt64(column(&counters, aggregate_column::kLastSeq, &isnull));
+    seq = next_seq(last);
+    values[aggregate_column::kLastSeq - 1] = Int64GetDatum(seq);
+    return KeyedWrite{found ? KeyedWrite::kUpdate : KeyedWrite::kInsert, values, nulls};
+  };
+  LOCKTAG lock =
+      messaging_lock(MessagingLock::kAggregate, {bytes_of(topic), bytes_of(aggregate)}, secret);
+  if (!write_keyed(&counters, oids.aggregates_pkey, keys, 2, lock, deadline, decide))
+    raise_emit_in_progress("aggregate");
+  close_table(&counters);
+  return seq;
+}
+
+static Datum emit(FunctionCallInfo fcinfo) {
+  text* topic = name_argument(fcinfo, 0, "topic");
+  require_argument(fcinfo, 1, "payload");
+  Datum payload = PG_GETARG_DATUM(1);
+  check_stored_size(payload, "payload");
+  text* aggregate = PG_ARGISNULL(2) ? nullptr : name_argument(fcinfo, 2, "aggregate");
+  bool no_headers = PG_ARGISNULL(3);
+  Datum headers = no_headers ? 0 : PG_GETARG_DATUM(3);
+  if (!no_headers) check_stored_size(headers, "headers");
+  check_combined_size(payload, headers, "payload and headers");
+  bool given_id = !PG_ARGISNULL(4);
+  struct varlena* event_id = given_id ? PG_GETARG_VARLENA_PP(4) : random_uuid_key();
+  PreventCommandIfReadOnly("idem_emit()");
+
+  MessagingOids oids = required_messaging_oids();
+  LockSecret secret = store_lock_secret();
+  TimestampTz now = GetCurrentTimestamp();
+  TimestampTz deadline = default_wait_deadline(now);
+  namespace col = outbox_column;
+  Datum values[col::kCount] = {};
+  bool nulls[col::kCount] = {};
+  // The event's row, once it is known that no event has its id.
+  auto event_row = [&] {
+    std::optional<int64> seq;
+    if (aggregate != nullptr) seq = take_seq(oids, topic, aggregate, secret, deadline);
+    values[col::kEventId - 1] = PointerGetDatum(event_id);
+    // After the seq: an aggregate's events take positions in seq order.
+    values[col::kPosition - 1] = Int64GetDatum(nextval_internal(oids.position, false));
+    values[col::kTopic - 1] = PointerGetDatum(topic);
+    nulls[col::kAggregate - 1] = aggregate == nullptr;
+    values[col::kAggregate - 1] = PointerGetDatum(aggregate);
+    nulls[col::kSeq - 1] = !seq;
+    values[col::kSeq - 1] = seq ? Int64GetDatum(*seq) : 0;
+    values[col::kPayload - 1] = payload;
+    nulls[col::kHeaders - 1] = no_headers;
+    values[col::kHeaders - 1] = headers;
+    values[col::kEmittedAt - 1] = TimestampTzGetDatum(GetCurrentTimestamp());  // after waits
+    values[col::kState - 1] = CharGetDatum(static_cast<char>(EventState::kPending));
+    values[col::kAttempt - 1] = Int32GetDatum(0);
+    nulls[col::kRelay - 1] = nulls[col::kLeaseExpiresAt - 1] = nulls[col::kDeliveredAt - 1] =
+        nulls[col::kReason - 1] = true;
+    return KeyedWrite{KeyedWrite::kInsert, values, nulls};
+  };
+  Table outbox;
+  open_table(&outbox, oids.outbox, true);
+  if (!given_id) {
+    KeyedWrite row = event_row();
+    table_insert(&outbox, row.values, row.nulls);
+  } else {
+    // At most one event per id: an event stored under it (in any state) is the one.
+    auto decide = [&](bool found) { return found ? KeyedWrite{} : event_row(); };
+    ScanKeyData key;
+    ScanKeyInit(&key, 1, BTEqualStrategyNumber, oids.key_eq, PointerGetDatum(event_id));
+    LOCKTAG lock = messaging_lock(MessagingLock::kEventId, {bytes_of(event_id)}, secret);
+    if (!write_keyed(&outbox, oids.outbox_pkey, &key, 1, lock, deadline, decide))
+      raise_emit_in_progress("event id");
+  }
+  close_table(&outbox);
+  PG_RETURN_POINTER(event_id);
+}
+
+}  // namespace idempotency
+
+using namespace idempotency;
+
+IDEM_SQL_FUNCTION(idem_emit, emit)

@@ -1,0 +1,349 @@
+// The relay's functions: idem_outbox_claim, _ack, _dead, _retry and _dead_letters.
+// They read and write idempotency.outbox directly; the rules (which event is ready,
+// the per-aggregate gate, which ack counts) are src/core/outbox.hpp's. Rows are
+// locked without queueing: a relay never waits for another relay's batch.
+#include <optional>
+
+#include "core/outbox.hpp"
+#include "pg/keys/arguments.hpp"
+#include "pg/common/errors.hpp"
+#include "pg/common/function_ref.hpp"
+#include "pg/messaging/messaging_catalog.hpp"
+#include "pg/messaging/outbox_row.hpp"
+#include "pg/common/table.hpp"
+
+extern "C" {
+#include "access/htup_details.h"
+#include "catalog/pg_type.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "tcop/utility.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/hsearch.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/tuplestore.h"
+}
+
+namespace idempotency {
+
+namespace col = outbox_column;
+
+// The event's columns as idem_outbox_claim and idem_outbox_dead_letters return them
+// (the claim's result has no reason: the tuplestore takes the columns of its type).
+static void put_event(ReturnSetInfo* rsinfo, Table* outbox, int32 attempt) {
+  slot_getallattrs(outbox->slot);
+  const Datum* v = outbox->slot->tts_values;
+  const bool* n = outbox->slot->tts_isnull;
+  Datum values[9] = {v[col::kEventId - 1],   v[col::kTopic - 1],     v[col::kAggregate - 1],
+                     v[col::kSeq - 1],       v[col::kPayload - 1],   v[col::kHeaders - 1],
+                     v[col::kEmittedAt - 1], Int32GetDatum(attempt), v[col::kReason - 1]};
+  bool nulls[9] = {
+      false, false, n[col::kAggregate - 1], n[col::kSeq - 1], false, n[col::kHeaders - 1],
+      false, false, n[col::kReason - 1]};
+  tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+}
+
+// ---------------------------------------------------------------------------
+// idem_outbox_claim
+// ---------------------------------------------------------------------------
+
+// A claim examines at most this many pending events per event asked for (and at
+// least kMinWindow), in emission order: behind a backlog held by other relays'
+// leases, a claim returns fewer events (or none) instead of reading the whole queue.
+constexpr int64 kWindowFactor = 10;
+constexpr int64 kMinWindow = 10000;
+
+// An aggregate's entry in a batch's gate: (topic, aggregate) as one fixed-size key.
+struct GateKey {
+  char bytes[2 * sizeof(uint32) + 2 * 255];
+};
+struct GateEntry {
+  GateKey key;
+  AggregateSeen seen;
+};
+
+static GateKey gate_key(Datum topic, Datum aggregate) {
+  GateKey key;
+  memset(&key, 0, sizeof(key));
+  char* out = key.bytes;
+  for (Datum part : {topic, aggregate}) {
+    const text* t = DatumGetTextPP(part);
+    uint32 length = Min(VARSIZE_ANY_EXHDR(t), 255);
+    memcpy(out, &length, sizeof(length));
+    memcpy(out + sizeof(length), VARDATA_ANY(t), length);
+    out += sizeof(length) + length;
+  }
+  return key;
+}
+
+// The relay's topics (NULL: all).
+struct Topics {
+  bool all;
+  Datum* elements;
+  bool* nulls;
+  int count;
+};
+
+static Topics topics_argument(FunctionCallInfo fcinfo, int n) {
+  Topics topics{PG_ARGISNULL(n), nullptr, nullptr, 0};
+  if (!topics.all)
+    deconstruct_array(PG_GETARG_ARRAYTYPE_P(n), TEXTOID, -1, false, TYPALIGN_INT, &topics.elements,
+                      &topics.nulls, &topics.count);
+  return topics;
+}
+
+static bool topic_wanted(Datum topic, const Topics& topics) {
+  for (int i = 0; i < topics.count; i++)
+    if (!topics.nulls[i] && same_text(topic, DatumGetTextPP(topics.elements[i]))) return true;
+  return topics.all;
+}
+
+static Datum outbox_claim(FunctionCallInfo fcinfo) {
+  text* relay = name_argument(fcinfo, 0, "relay");
+  require_argument(fcinfo, 1, "max_events");
+  require_argument(fcinfo, 2, "lease");
+  int32 max_events = PG_GETARG_INT32(1);
+  if (max_events <= 0)
+    ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("max_events must be positive"));
+  TimestampTz now = GetCurrentTimestamp();
+  TimestampTz lease_end = plus(now, PG_GETARG_INTERVAL_P(2));
+  if (lease_end <= now)
+    ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("lease must be positive"));
+  Topics topics = topics_argument(fcinfo, 3);
+  PreventCommandIfReadOnly("idem_outbox_claim()");
+  InitMaterializedSRF(fcinfo, 0);
+  auto rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+
+  MessagingOids oids = required_messaging_oids();
+  HASHCTL gate_control{};
+  gate_control.keysize = sizeof(GateKey);
+  gate_control.entrysize = sizeof(GateEntry);
+  gate_control.hcxt = CurrentMemoryContext;
+  HTAB* gate = hash_create("idempotency relay gate", 64, &gate_control,
+                           HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+  MemoryContext row_context =
+      AllocSetContextCreate(CurrentMemoryContext, "idempotency relay row", ALLOCSET_SMALL_SIZES);
+
+  Table outbox;
+  open_table(&outbox, oids.outbox, true);
+  Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
+  IndexCursor pending;
+  cursor_open(&outbox, &pending, oids.outbox_pending, snapshot, nullptr, 0);
+  int32 handed_out = 0;
+  int64 examined = 0;
+  int64 window = Max(static_cast<int64>(max_events) * kWindowFactor, kMinWindow);
+  while (handed_out < max_events && examined++ < window && cursor_next(&outbox, &pending)) {
+    CHECK_FOR_INTERRUPTS();
+    MemoryContext caller = MemoryContextSwitchTo(row_context);
+    bool isnull;
+    Datum topic = column(&outbox, col::kTopic, &isnull);
+    if (topic_wanted(topic, topics)) {
+      Datum aggregate = column(&outbox, col::kAggregate, &isnull);
+      GateEntry* entry = nullptr;
+      if (!isnull) {
+        GateKey key = gate_key(topic, aggregate);
+        bool known;
+        entry = static_cast<GateEntry*>(hash_search(gate, &key, HASH_ENTER, &known));
+        if (!known) entry->seen = AggregateSeen::kNotYet;
+      }
+      AggregateSeen seen = entry != nullptr ? entry->seen : AggregateSeen::kNotYet;
+      OutboxEvent event = read_event(&outbox, relay);
+      // First as scanned: leased in one write if that version is still the newest and
+      // no other relay holds it.
+      bool free = worth_locking(event, seen, now);
+      Admission admission = admit(event, seen, free, now);
+      Write written = Write::kChanged;
+      if (admission == Admission::kHandOut) {
+        written = write_event(&outbox, lease(event, lease_end), relay, nullptr, false, false);
+        if (written == Write::kBusy) admission = admit(event, seen, false, now);
+      }
+      if (free && written == Write::kChanged) {
+        // Changed since the scan's snapshot: decide on its newest version, locked.
+        ItemPointerData tid = outbox.slot->tts_tid;
+        Lock lock = table_lock(&outbox, &tid);
+        if (lock == Lock::kGone) {  // removed: delivered and reaped
+          MemoryContextSwitchTo(caller);
+          MemoryContextReset(row_context);
+          continue;
+        }
+        if (lock == Lock::kLocked) event = read_event(&outbox, relay);
+        admission = admit(event, seen, lock == Lock::kLocked, now);
+        if (admission == Admission::kHandOut)
+          write_event(&outbox, lease(event, lease_end), relay, nullptr, false, true);
+      }
+      if (entry != nullptr) entry->seen = after(admission, seen);
+      if (admission == Admission::kHandOut) {
+        put_event(rsinfo, &outbox, lease(event, lease_end).attempt);
+        handed_out++;
+      }
+    }
+    MemoryContextSwitchTo(caller);
+    MemoryContextReset(row_context);
+  }
+  cursor_close(&pending);
+  UnregisterSnapshot(snapshot);
+  close_table(&outbox);
+  return (Datum)0;
+}
+
+// ---------------------------------------------------------------------------
+// Acknowledging, dead letters, retry
+// ---------------------------------------------------------------------------
+
+// What an ack, dead or retry makes of an event, if anything.
+using NextEvent = FunctionRef<std::optional<OutboxEvent>(const OutboxEvent& event)>;
+
+// What the call writes besides the event's state.
+struct Settlement {
+  const text* relay;   // the calling relay (null: retry)
+  const text* reason;  // idem_outbox_dead's
+  bool set_reason;
+  TimestampTz deadline;  // for an event another transaction is writing
+};
+
+// Settles the event version in the table's slot: written as read if it still is the
+// newest and no one else holds it, else decided again on its newest version, locked
+// (waiting until the deadline; an event that stays busy is left alone, and a relay
+// will have it again). True if it was changed.
+static bool settle(Table* outbox, const Settlement& how, NextEvent next) {
+  std::optional<OutboxEvent> event = next(read_event(outbox, how.relay));
+  if (!event) return false;
+  Write written = write_event(outbox, *event, how.relay, how.reason, how.set_reason, false);
+  if (written == Write::kDone) return true;
+  ItemPointerData tid = outbox->slot->tts_tid;
+  if (table_lock_waiting(outbox, &tid, how.deadline) != Lock::kLocked) return false;
+  event = next(read_event(outbox, how.relay));
+  if (!event) return false;
+  write_event(outbox, *event, how.relay, how.reason, how.set_reason, true);
+  return true;
+}
+
+// Settles each listed event (unknown ids and NULLs are ignored); counts those changed.
+static int64 settle_listed(Table* outbox, const MessagingOids& oids, ArrayType* ids,
+                           const Settlement& how, NextEvent next) {
+  Datum* elements;
+  bool* nulls;
+  int count;
+  int16 length;
+  bool byval;
+  char align;
+  get_typlenbyvalalign(ARR_ELEMTYPE(ids), &length, &byval, &align);
+  deconstruct_array(ids, ARR_ELEMTYPE(ids), length, byval, align, &elements, &nulls, &count);
+  Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
+  int64 changed = 0;
+  for (int i = 0; i < count; i++) {
+    CHECK_FOR_INTERRUPTS();
+    if (nulls[i]) continue;
+    ScanKeyData key;
+    ScanKeyInit(&key, 1, BTEqualStrategyNumber, oids.key_eq, elements[i]);
+    if (table_find(outbox, oids.outbox_pkey, snapshot, &key, 1) && settle(outbox, how, next))
+      changed++;
+  }
+  UnregisterSnapshot(snapshot);
+  return changed;
+}
+
+static ArrayType* ids_argument(FunctionCallInfo fcinfo, int n) {
+  require_argument(fcinfo, n, "event_ids");
+  return PG_GETARG_ARRAYTYPE_P(n);
+}
+
+static Datum outbox_ack(FunctionCallInfo fcinfo) {
+  text* relay = name_argument(fcinfo, 0, "relay");
+  ArrayType* ids = ids_argument(fcinfo, 1);
+  PreventCommandIfReadOnly("idem_outbox_ack()");
+  MessagingOids oids = required_messaging_oids();
+  Table outbox;
+  open_table(&outbox, oids.outbox, true);
+  TimestampTz now = GetCurrentTimestamp();
+  // A late ack (another relay has the event, or it is done) changes nothing.
+  auto next = [now](const OutboxEvent& event) {
+    return may_settle(event) ? std::optional(deliver(event, now)) : std::nullopt;
+  };
+  int64 acked = settle_listed(&outbox, oids, ids,
+                              Settlement{relay, nullptr, false, default_wait_deadline(now)}, next);
+  close_table(&outbox);
+  PG_RETURN_INT64(acked);
+}
+
+static Datum outbox_dead(FunctionCallInfo fcinfo) {
+  text* relay = name_argument(fcinfo, 0, "relay");
+  ArrayType* ids = ids_argument(fcinfo, 1);
+  text* reason = PG_ARGISNULL(2) ? nullptr : PG_GETARG_TEXT_PP(2);
+  if (reason != nullptr) check_stored_size(PointerGetDatum(reason), "reason");
+  PreventCommandIfReadOnly("idem_outbox_dead()");
+  MessagingOids oids = required_messaging_oids();
+  Table outbox;
+  open_table(&outbox, oids.outbox, true);
+  auto next = [](const OutboxEvent& event) {
+    return may_settle(event) ? std::optional(bury(event)) : std::nullopt;
+  };
+  Settlement how{relay, reason, true, default_wait_deadline(GetCurrentTimestamp())};
+  int64 buried = settle_listed(&outbox, oids, ids, how, next);
+  close_table(&outbox);
+  PG_RETURN_INT64(buried);
+}
+
+static Datum outbox_retry(FunctionCallInfo fcinfo) {
+  PreventCommandIfReadOnly("idem_outbox_retry()");
+  MessagingOids oids = required_messaging_oids();
+  Table outbox;
+  open_table(&outbox, oids.outbox, true);
+  auto next = [](const OutboxEvent& event) {
+    return may_requeue(event) ? std::optional(requeue(event)) : std::nullopt;
+  };
+  Settlement how{nullptr, nullptr, false, default_wait_deadline(GetCurrentTimestamp())};
+  int64 requeued = 0;
+  if (!PG_ARGISNULL(0)) {
+    requeued = settle_listed(&outbox, oids, PG_GETARG_ARRAYTYPE_P(0), how, next);
+  } else {
+    // Every dead letter, through the dead index.
+    Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
+    IndexCursor dead;
+    cursor_open(&outbox, &dead, oids.outbox_dead, snapshot, nullptr, 0);
+    while (cursor_next(&outbox, &dead)) {
+      CHECK_FOR_INTERRUPTS();
+      if (settle(&outbox, how, next)) requeued++;
+    }
+    cursor_close(&dead);
+    UnregisterSnapshot(snapshot);
+  }
+  close_table(&outbox);
+  PG_RETURN_INT64(requeued);
+}
+
+static Datum outbox_dead_letters(FunctionCallInfo fcinfo) {
+  text* topic = PG_ARGISNULL(0) ? nullptr : PG_GETARG_TEXT_PP(0);
+  int32 max_rows = max_rows_argument(fcinfo, 1);
+  InitMaterializedSRF(fcinfo, 0);
+  auto rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+  MessagingOids oids = required_messaging_oids();
+  Table outbox;
+  open_table(&outbox, oids.outbox, false);
+  IndexCursor dead;
+  cursor_open(&outbox, &dead, oids.outbox_dead, GetActiveSnapshot(), nullptr, 0);
+  int32 listed = 0;
+  while (listed < max_rows && cursor_next(&outbox, &dead)) {
+    CHECK_FOR_INTERRUPTS();
+    bool isnull;
+    if (topic != nullptr && !same_text(column(&outbox, col::kTopic, &isnull), topic)) continue;
+    put_event(rsinfo, &outbox, DatumGetInt32(column(&outbox, col::kAttempt, &isnull)));
+    listed++;
+  }
+  cursor_close(&dead);
+  close_table(&outbox);
+  return (Datum)0;
+}
+
+}  // namespace idempotency
+
+using namespace idempotency;
+
+IDEM_SQL_FUNCTION(idem_outbox_claim, outbox_claim)
+IDEM_SQL_FUNCTION(idem_outbox_ack, outbox_ack)
+IDEM_SQL_FUNCTION(idem_outbox_dead, outbox_dead)
+IDEM_SQL_FUNCTION(idem_outbox_retry, outbox_retry)
+IDEM_SQL_FUNCTION(idem_outbox_dead_letters, outbox_dead_letters)

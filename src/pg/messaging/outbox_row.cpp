@@ -1,0 +1,71 @@
+#include "pg/messaging/outbox_row.hpp"
+
+extern "C" {
+#include "access/sysattr.h"
+#include "access/xact.h"
+#include "executor/tuptable.h"
+}
+
+namespace idempotency {
+
+using namespace outbox_column;
+
+bool same_text(Datum a, const text* b) {
+  const text* t = DatumGetTextPP(a);
+  return VARSIZE_ANY_EXHDR(t) == VARSIZE_ANY_EXHDR(b) &&
+         memcmp(VARDATA_ANY(t), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(b)) == 0;
+}
+
+OutboxEvent read_event(Table* outbox, const text* relay) {
+  Datum values[kCount];
+  bool nulls[kCount];
+  slot_getallattrs(outbox->slot);
+  memcpy(values, outbox->slot->tts_values, sizeof(values));
+  memcpy(nulls, outbox->slot->tts_isnull, sizeof(nulls));
+  OutboxEvent event;
+  if (!parse_event_state(DatumGetChar(values[kState - 1]), &event.state))
+    ereport(ERROR, errcode(ERRCODE_DATA_CORRUPTED),
+            errmsg("idempotency.outbox holds an event in an unknown state"));
+  event.attempt = DatumGetInt32(values[kAttempt - 1]);
+  if (!nulls[kLeaseExpiresAt - 1])
+    event.lease_expires_at = DatumGetTimestampTz(values[kLeaseExpiresAt - 1]);
+  if (!nulls[kDeliveredAt - 1]) event.delivered_at = DatumGetTimestampTz(values[kDeliveredAt - 1]);
+  event.leased_to_caller =
+      relay != nullptr && !nulls[kRelay - 1] && same_text(values[kRelay - 1], relay);
+  // Only an emit writes an event not yet handed out (attempt 0): this version's
+  // writer is then its emitter.
+  bool isnull;
+  TransactionId writer = DatumGetTransactionId(
+      slot_getsysattr(outbox->slot, MinTransactionIdAttributeNumber, &isnull));
+  event.emitted_here = event.attempt == 0 && TransactionIdIsCurrentTransactionId(writer);
+  return event;
+}
+
+Write write_event(Table* outbox, const OutboxEvent& next, const text* relay, const text* reason,
+                  bool set_reason, bool locked) {
+  Datum values[kCount];
+  bool nulls[kCount];
+  slot_getallattrs(outbox->slot);
+  memcpy(values, outbox->slot->tts_values, sizeof(values));
+  memcpy(nulls, outbox->slot->tts_isnull, sizeof(nulls));
+  values[kState - 1] = CharGetDatum(static_cast<char>(next.state));
+  values[kAttempt - 1] = Int32GetDatum(next.attempt);
+  nulls[kLeaseExpiresAt - 1] = !next.lease_expires_at;
+  values[kLeaseExpiresAt - 1] = TimestampTzGetDatum(next.lease_expires_at.value_or(0));
+  nulls[kDeliveredAt - 1] = !next.delivered_at;
+  values[kDeliveredAt - 1] = TimestampTzGetDatum(next.delivered_at.value_or(0));
+  if (relay != nullptr || next.state == EventState::kPending) {
+    nulls[kRelay - 1] = relay == nullptr;
+    values[kRelay - 1] = PointerGetDatum(relay);
+  }
+  if (set_reason) {
+    nulls[kReason - 1] = reason == nullptr;
+    values[kReason - 1] = PointerGetDatum(reason);
+  }
+  ItemPointerData tid = outbox->slot->tts_tid;
+  if (!locked) return table_try_update(outbox, &tid, values, nulls);
+  table_update(outbox, &tid, values, nulls);
+  return Write::kDone;
+}
+
+}  // namespace idempotency

@@ -1,0 +1,196 @@
+// idem_stats: figures for monitoring, quickly whatever the table's size.
+#include <optional>
+
+#include "pg/common/errors.hpp"
+#include "pg/common/open_relations.hpp"
+#include "pg/messaging/messaging_catalog.hpp"
+#include "pg/common/table.hpp"
+#include "pg/worker/reaper_pass.hpp"
+#include "pg/worker/worker.hpp"
+
+extern "C" {
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "catalog/pg_statistic.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "storage/bufmgr.h"
+#include "tcop/utility.h"
+#include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/tuplestore.h"
+}
+
+namespace idempotency {
+
+// Counts by state. Up to this many pages the table is read and the counts are
+// exact; beyond, they come from the planner's statistics (as fresh as the last
+// ANALYZE), so idem_stats answers quickly whatever the table's size.
+constexpr BlockNumber kExactCountPages = 1000;
+// Stale lease claims are counted exactly through the lease index, up to this many:
+// a healthy reaper keeps them near zero, and an alert needs no more precision.
+constexpr int64 kStaleLeasesCountLimit = 10000;
+
+struct StateCounts {
+  double total, pending, completed, failed, abandoned, expired;
+};
+
+struct ExactCount {
+  StateCounts counts;
+  TimestampTz now;
+};
+
+static bool count_row(KeyStore*, KeyRow*, const StoredRow& view, ItemPointer, void* context) {
+  auto exact = static_cast<ExactCount*>(context);
+  StateCounts& counts = exact->counts;
+  counts.total++;
+  if (!is_live(view, exact->now)) {
+    counts.expired++;
+    return true;
+  }
+  switch (view.state) {
+    case KeyState::kPending: counts.pending++; break;
+    case KeyState::kCompleted: counts.completed++; break;
+    case KeyState::kFailed: counts.failed++; break;
+    case KeyState::kAbandoned: counts.abandoned++; break;
+  }
+  return true;
+}
+
+static StateCounts count_exactly(KeyStore* store) {
+  ExactCount exact{StateCounts{}, GetCurrentTimestamp()};
+  store_scan_table(store, GetActiveSnapshot(), count_row, &exact);
+  return exact.counts;
+}
+
+static StateCounts estimate(KeyStore* store) {
+  StateCounts counts{};
+  counts.total = Max(store->heap->rd_rel->reltuples, 0);
+  HeapTuple stats = SearchSysCache3(STATRELATTINH, ObjectIdGetDatum(RelationGetRelid(store->heap)),
+                                    Int16GetDatum(kState), BoolGetDatum(false));
+  if (HeapTupleIsValid(stats)) {
+    AttStatsSlot slot;
+    if (get_attstatsslot(&slot, stats, STATISTIC_KIND_MCV, InvalidOid,
+                         ATTSTATSSLOT_VALUES | ATTSTATSSLOT_NUMBERS)) {
+      for (int i = 0; i < slot.nvalues; i++) {
+        double n = slot.numbers[i] * counts.total;
+        switch (DatumGetChar(slot.values[i])) {
+          case 'p': counts.pending = n; break;
+          case 'c': counts.completed = n; break;
+          case 'f': counts.failed = n; break;
+          case 'a': counts.abandoned = n; break;
+        }
+      }
+      free_attstatsslot(&slot);
+    }
+    ReleaseSysCache(stats);
+  }
+  stats = SearchSysCache3(STATRELATTINH, ObjectIdGetDatum(RelationGetRelid(store->heap)),
+                          Int16GetDatum(kExpiresAt), BoolGetDatum(false));
+  if (HeapTupleIsValid(stats)) {
+    AttStatsSlot slot;
+    if (get_attstatsslot(&slot, stats, STATISTIC_KIND_HISTOGRAM, InvalidOid, ATTSTATSSLOT_VALUES) &&
+        slot.nvalues > 1) {
+      TimestampTz now = GetCurrentTimestamp();
+      int below = 0;
+      for (int i = 0; i < slot.nvalues; i++) below += DatumGetTimestampTz(slot.values[i]) <= now;
+      counts.expired = counts.total * below / slot.nvalues;
+      free_attstatsslot(&slot);
+    }
+    ReleaseSysCache(stats);
+  }
+  return counts;
+}
+
+// Outbox events are counted exactly through their partial index up to this many;
+// beyond, the index's size from the last VACUUM or ANALYZE is reported if larger.
+constexpr int64 kExactOutboxCount = 10000;
+
+struct OutboxFigures {
+  int64 undelivered, dead;
+  std::optional<TimestampTz> oldest_undelivered_at;  // the first pending event emitted
+};
+
+static int64 count_index(Table* outbox, Oid index, Snapshot snapshot) {
+  IndexCursor cursor;
+  cursor_open(outbox, &cursor, index, snapshot, nullptr, 0);
+  int64 count = 0;
+  while (count < kExactOutboxCount && cursor_next(outbox, &cursor)) count++;
+  cursor_close(&cursor);
+  if (count < kExactOutboxCount) return count;
+  Oid opened;  // the index now of that name (REINDEX CONCURRENTLY)
+  Relation rel = open_current(index, AccessShareLock, &opened);
+  double estimate = rel->rd_rel->reltuples;
+  index_close(rel, AccessShareLock);
+  return Max(count, static_cast<int64>(estimate));
+}
+
+static OutboxFigures outbox_figures(const MessagingOids& oids) {
+  OutboxFigures figures{};
+  Table outbox;
+  open_table(&outbox, oids.outbox, false);
+  IndexCursor first;
+  cursor_open(&outbox, &first, oids.outbox_pending, GetActiveSnapshot(), nullptr, 0);
+  if (cursor_next(&outbox, &first)) {
+    bool isnull;
+    figures.oldest_undelivered_at =
+        DatumGetTimestampTz(column(&outbox, outbox_column::kEmittedAt, &isnull));
+  }
+  cursor_close(&first);
+  figures.undelivered = count_index(&outbox, oids.outbox_pending, GetActiveSnapshot());
+  figures.dead = count_index(&outbox, oids.outbox_dead, GetActiveSnapshot());
+  close_table(&outbox);
+  return figures;
+}
+
+static Datum stats(FunctionCallInfo fcinfo) {
+  InitMaterializedSRF(fcinfo, 0);
+  ReturnSetInfo* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+  KeyStore store;
+  store_open(&store, false);
+  StateCounts counts = RelationGetNumberOfBlocks(store.heap) <= kExactCountPages
+                           ? count_exactly(&store)
+                           : estimate(&store);
+  int64 stale_leases =
+      count_stale(&store, GetActiveSnapshot(), GetCurrentTimestamp(), kStaleLeasesCountLimit);
+  store_close(&store);
+
+  ReaperStats reaper;
+  bool preloaded = reaper_stats(&reaper);
+  Datum values[15] = {
+      Int64GetDatum(static_cast<int64>(counts.total)),
+      Int64GetDatum(static_cast<int64>(counts.pending)),
+      Int64GetDatum(static_cast<int64>(counts.completed)),
+      Int64GetDatum(static_cast<int64>(counts.failed)),
+      Int64GetDatum(static_cast<int64>(counts.abandoned)),
+      Int64GetDatum(static_cast<int64>(counts.expired)),
+      Int64GetDatum(reaper.reaped_total),
+      Int64GetDatum(reaper.reclaimed_total),
+      TimestampTzGetDatum(reaper.last_reap_at),
+      Int64GetDatum(reaper.last_reap_ms),
+      Int32GetDatum(reaper.worker_pid),
+      Int64GetDatum(stale_leases),
+  };
+  bool nulls[15] = {};
+  // 1.0's idem_stats has 12 columns; 1.1 adds the outbox's three.
+  MessagingOids oids;
+  if (rsinfo->setDesc->natts == 15 && messaging_oids(&oids)) {
+    OutboxFigures outbox = outbox_figures(oids);
+    values[12] = Int64GetDatum(outbox.undelivered);
+    values[13] = Int64GetDatum(outbox.dead);
+    nulls[14] = !outbox.oldest_undelivered_at;
+    values[14] = TimestampTzGetDatum(outbox.oldest_undelivered_at.value_or(0));
+  }
+  nulls[6] = nulls[7] = !preloaded;
+  nulls[8] = nulls[9] = !preloaded || reaper.last_reap_at == 0;
+  nulls[10] = !preloaded || reaper.worker_pid == 0;
+  tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+  return (Datum)0;
+}
+
+}  // namespace idempotency
+
+using namespace idempotency;
+
+IDEM_SQL_FUNCTION(idem_stats, stats)
