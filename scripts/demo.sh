@@ -70,7 +70,9 @@ wait_until() {
 # ---------------------------------------------------------------------------------
 
 say "setup: packages, build, a throwaway cluster"
-ensure_packages
+echo "Installing what is missing of: ${DEMO_PACKAGES[*]}"
+ensure_packages "${DEMO_PACKAGES[@]}"
+echo "Building and installing the extension: make && make install (PG_CONFIG=$PG_CONFIG)"
 build_and_install
 start_cluster_on_free_port "$work/cluster" "shared_preload_libraries = 'idempotency'" \
   "idempotency.reaper_naptime = '500ms'"

@@ -26,23 +26,28 @@ REQUIRED_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 l
                    python3 python3-psycopg python3-psycopg-pool pgbouncer sqlsmith git
                    clang-format clang-tidy bear nodejs rabbitmq-server python3-pika)
 
+# What the demo needs: the server, its headers, a compiler and OpenSSL; nothing else.
+DEMO_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libssl-dev g++ make)
+
 # A section banner.
 say() { printf '\n== %s\n' "$*"; }
 
-# Installs the packages that are missing; in CI (CI=true) installs all of them, which
-# also brings them up to date. apt-get update runs only when something is installed.
+# ensure_packages [PACKAGE...]: installs the packages (default REQUIRED_PACKAGES) that
+# are missing; in CI (CI=true) installs all of them, which also brings them up to date.
+# apt-get update runs only when something is installed.
 ensure_packages() {
   # Once per run: .ci/run installs, then test/run_all.sh finds everything there.
   [ "${IDEM_PACKAGES_ENSURED:-}" = 1 ] && return 0
-  local package wanted=()
-  for package in "${REQUIRED_PACKAGES[@]}"; do
+  local package wanted=() packages=("$@")
+  [ "$#" -gt 0 ] || packages=("${REQUIRED_PACKAGES[@]}")
+  for package in "${packages[@]}"; do
     if [ "${CI:-}" = true ] ||
        ! dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed'; then
       wanted+=("$package")
     fi
   done
   if [ "${#wanted[@]}" -eq 0 ]; then
-    export IDEM_PACKAGES_ENSURED=1
+    [ "$#" -gt 0 ] || export IDEM_PACKAGES_ENSURED=1
     return 0
   fi
   if [ "$(id -u)" -ne 0 ]; then
@@ -61,7 +66,8 @@ ensure_packages() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
       -o Dpkg::Use-Pty=0 "${wanted[@]}" || status=$?
   [ "$added_policy" = no ] || rm -f "$policy"
-  [ "$status" -eq 0 ] && export IDEM_PACKAGES_ENSURED=1
+  # Only the whole list counts as ensured for a later call in the same run.
+  [ "$status" -eq 0 ] && [ "$#" -eq 0 ] && export IDEM_PACKAGES_ENSURED=1
   return "$status"
 }
 
