@@ -138,19 +138,21 @@ static Datum claim(FunctionCallInfo fcinfo) {
   KeyStore store;
   store_open(&store, true);
   ClaimAction action = ClaimAction::kInsert;
-  auto decide = [&](const Probe& probe, TimestampTz now) {
+  Probe probe;
+  Step step;
+  KeyLoop loop(&store, request.id, request.deadline, Start::kLook);
+  while (loop.next(&probe)) {
+    TimestampTz now = GetCurrentTimestamp();
     request.terms = claim_terms(fingerprint, ttl, lease, now);  // the window starts now
     action = decide_claim(probe.found ? &probe.view : nullptr,
                           fingerprint ? std::optional(fingerprint->bytes) : std::nullopt, now);
     if (action == ClaimAction::kMismatch) raise_mismatch(request.id);
-    return claim_step(action, request, probe, now, false);
-  };
-  Probe probe;
-  Step step;
-  Driven driven = drive(&store, request.id, request.deadline, Start::kLook, decide, &probe, &step);
+    step = claim_step(action, request, probe, now, false);
+    loop.apply(step);
+  }
   store_close(&store);
 
-  if (driven == Driven::kTimedOut)
+  if (loop.timed_out())
     return claim_result(fcinfo, Outcome::kInProgress,
                         probe.found ? probe.row : claim_not_yet_written(), waited_us(request));
   switch (action) {
@@ -191,18 +193,20 @@ static Datum once(FunctionCallInfo fcinfo) {
 
   KeyStore store;
   store_open(&store, true);
-  auto decide = [&](const Probe& probe, TimestampTz now) {
+  Probe probe;
+  Step step;
+  KeyLoop loop(&store, request.id, request.deadline, once_start());
+  while (loop.next(&probe)) {
+    TimestampTz now = GetCurrentTimestamp();
     request.terms = claim_terms(std::nullopt, ttl, nullptr, now);
     ClaimAction action = decide_claim(probe.found ? &probe.view : nullptr, std::nullopt, now);
     if (action == ClaimAction::kInProgress) raise_in_progress(request.id);  // a live lease
-    return claim_step(action, request, probe, now, true);
-  };
-  Probe probe;
-  Step step;
-  Driven driven = drive(&store, request.id, request.deadline, once_start(), decide, &probe, &step);
+    step = claim_step(action, request, probe, now, true);
+    loop.apply(step);
+  }
   store_close(&store);
-  last_once_inserted = driven == Driven::kDone && step.kind == Step::kInsert && !probe.found;
-  if (driven == Driven::kTimedOut) raise_in_progress(request.id);
+  last_once_inserted = !loop.timed_out() && step.kind == Step::kInsert && !probe.found;
+  if (loop.timed_out()) raise_in_progress(request.id);
   PG_RETURN_BOOL(step.kind != Step::kStop);
 }
 

@@ -64,15 +64,11 @@ static void finish(const FinishRequest& request, const char* function) {
   PreventCommandIfReadOnly(function);
   KeyStore store;
   store_open(&store, true);
-  auto decide = [&](const Probe& probe, TimestampTz now) {
-    return finish_step(request, probe, now);
-  };
   Probe probe;
-  Step step;
-  TimestampTz deadline = default_wait_deadline(GetCurrentTimestamp());
-  if (drive(&store, request.id, deadline, Start::kLookAbsentWaits, decide, &probe, &step) ==
-      Driven::kTimedOut)
-    raise_in_progress(request.id);
+  KeyLoop loop(&store, request.id, default_wait_deadline(GetCurrentTimestamp()),
+               Start::kLookAbsentWaits);
+  while (loop.next(&probe)) loop.apply(finish_step(request, probe, GetCurrentTimestamp()));
+  if (loop.timed_out()) raise_in_progress(request.id);
   store_close(&store);
   if (request.kind != Finish::kCheckpoint && is_own_open_claim(probe.view)) note_claim_finished();
 }
@@ -121,22 +117,20 @@ static Datum forget(FunctionCallInfo fcinfo) {
   PreventCommandIfReadOnly("idem_forget()");
   KeyStore store;
   store_open(&store, true);
-  auto decide = [&](const Probe& probe, TimestampTz) {
-    Step step;
+  Probe probe;
+  Step step;
+  KeyLoop loop(&store, id, default_wait_deadline(GetCurrentTimestamp()), Start::kLookAbsentWaits);
+  while (loop.next(&probe)) {
+    step = Step{};
     if (!probe.found)
       step.kind = Step::kStop;
     else if (probe.unwritten)  // nothing stored yet: drop the claim
       step.kind = Step::kDropUnwritten;
     else
       step.kind = probe.view.written_by_other_in_progress ? Step::kWait : Step::kDelete;
-    return step;
-  };
-  Probe probe;
-  Step step;
-  TimestampTz deadline = default_wait_deadline(GetCurrentTimestamp());
-  if (drive(&store, id, deadline, Start::kLookAbsentWaits, decide, &probe, &step) ==
-      Driven::kTimedOut)
-    raise_in_progress(id);
+    loop.apply(step);
+  }
+  if (loop.timed_out()) raise_in_progress(id);
   store_close(&store);
   if (step.kind == Step::kStop) PG_RETURN_BOOL(false);
   if (is_own_open_claim(probe.view)) note_claim_finished();

@@ -27,28 +27,21 @@ void probe_key(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* pr
   probe->view.claimed_by_this_transaction = true;
 }
 
-// The identity lock of one call, computed only when needed: most calls (replays)
-// never lock, and the tag costs a keyed hash.
-struct CallLock {
-  const Identity& id;
-  bool computed = false;
-  bool held = false;
-  IdentityLock lock{};
+const IdentityLock& CallLock::get() {
+  if (!computed) lock = identity_lock(*id, store_lock_secret());
+  computed = true;
+  return lock;
+}
 
-  const IdentityLock& get() {
-    if (!computed) lock = identity_lock(id, store_lock_secret());
-    computed = true;
-    return lock;
-  }
-  bool take(TimestampTz deadline) {
-    held = held || hold_identity_lock(get(), deadline);
-    return held;
-  }
-  void release() {
-    if (held) release_identity_lock(lock);
-    held = false;
-  }
-};
+bool CallLock::take(TimestampTz deadline) {
+  held = held || hold_identity_lock(get(), deadline);
+  return held;
+}
+
+void CallLock::release() {
+  if (held) release_identity_lock(lock);
+  held = false;
+}
 
 static void raise_row_in_the_way(const Identity& id) {
   ereport(ERROR, errcode(ERRCODE_IDEM_CLAIM_LOST),
@@ -57,80 +50,115 @@ static void raise_row_in_the_way(const Identity& id) {
           errdetail("Another row of the key was stored while the claim was held."));
 }
 
-Driven drive(KeyStore* store, const Identity& id, TimestampTz deadline, Start start, Decide decide,
-             Probe* probe, Step* step) {
-  CallLock lock{id};
-  InsertCount inserts = insert_count(id);
-  if (start == Start::kInsertFirst && unwritten_claim(id) == nullptr) {
+KeyLoop::KeyLoop(KeyStore* store, const Identity& id, TimestampTz deadline, Start start)
+    : store_(store),
+      id_(&id),
+      deadline_(deadline),
+      start_(start),
+      state_(start == Start::kInsertFirst && unwritten_claim(id) == nullptr ? kFirst : kLooking),
+      lock_{&id, false, false, {}},
+      inserts_(insert_count(id)) {}
+
+bool KeyLoop::next(Probe* probe) {
+  probe_ = probe;
+  if (state_ == kFirst) {  // a key expected to be new: decide on no row first
     *probe = Probe{};
-    *step = decide(*probe, GetCurrentTimestamp());
-    if (step->kind == Step::kInsert) {
-      if (!lock.take(deadline)) return Driven::kTimedOut;
-      if (store_insert(store, &step->row, OnConflict::kBackOut)) {
-        note_insert(inserts);
-        lock.release();
-        return Driven::kDone;
+    return true;
+  }
+  if (state_ != kLooking) return false;
+  CHECK_FOR_INTERRUPTS();
+  inserts_before_ = inserts_seen(inserts_);
+  probe_key(store_, *id_, nullptr, probe);
+  if (!probe->found && start_ == Start::kLookAbsentWaits && !lock_.held) {
+    if (!lock_.take(deadline_)) {
+      state_ = kTimedOut;
+      return false;
+    }
+    probe_key(store_, *id_, nullptr, probe);  // what the lock's holder left
+    lock_.release();
+  }
+  return true;
+}
+
+void KeyLoop::apply(const Step& step) {
+  if (state_ == kFirst) {
+    state_ = kLooking;
+    if (step.kind == Step::kInsert && insert_first(step)) state_ = kDone;
+    return;
+  }
+  write(step);
+}
+
+// Inserts the row of a key expected to be new, under the identity lock; false (still
+// holding the lock) when a row of the key is there, to be looked at.
+bool KeyLoop::insert_first(const Step& step) {
+  if (!lock_.take(deadline_)) {
+    state_ = kTimedOut;
+    return false;
+  }
+  if (!store_insert(store_, &step.row, OnConflict::kBackOut)) return false;
+  note_insert(inserts_);
+  lock_.release();
+  return true;
+}
+
+void KeyLoop::write(const Step& step) {
+  bool first_row = step.kind == Step::kInsert || step.kind == Step::kKeepUnwritten;
+  if (!first_row) lock_.release();
+  TransactionId writer = probe_->writer;
+  const KeyRow& row = step.row;
+  WriteResult written = WriteResult::kBusy;
+  switch (step.kind) {
+    case Step::kStop: state_ = kDone; return;
+    case Step::kWait: break;
+    case Step::kInsert:
+    case Step::kKeepUnwritten:
+      // A key's first row is inserted only under its lock, and after looking again if
+      // the lock's last holder may have inserted the row meanwhile.
+      if (!lock_.held) {
+        if (!lock_.take(deadline_)) {
+          state_ = kTimedOut;
+          return;
+        }
+        if (inserted_since(inserts_, inserts_before_)) return;  // look again
       }
-      // A row of the key is there: look at it, still holding the lock.
-    }
+      if (step.kind == Step::kKeepUnwritten) {
+        remember_unwritten_claim(row, lock_.get());  // keeps the lock
+        state_ = kDone;
+        return;
+      }
+      // A unique index holds a row the probe did not see: let go and look again.
+      written = store_insert(store_, &row, OnConflict::kBackOut) ? WriteResult::kDone
+                                                                 : WriteResult::kChanged;
+      if (written == WriteResult::kDone) note_insert(inserts_);
+      lock_.release();
+      // Under the lock, only a unique index of the user's on other columns can hold a
+      // row that the primary key's probe cannot find: poll it out, never spin.
+      if (written == WriteResult::kChanged && !probe_->found &&
+          !sleep_before_retry(&unexplained_sleep_us_, deadline_)) {
+        state_ = kTimedOut;
+        return;
+      }
+      break;
+    case Step::kWriteUnwritten:
+      // The claim holds the lock and saw no row: only a row written outside the
+      // functions (a hand-made INSERT) can be in the way, and then the claim fails.
+      if (!store_insert(store_, &row, OnConflict::kReport)) raise_row_in_the_way(*id_);
+      note_insert(inserts_);
+      note_unwritten_claim_written(*id_);
+      state_ = kDone;
+      return;
+    case Step::kDropUnwritten:
+      note_unwritten_claim_written(*id_);
+      state_ = kDone;
+      return;
+    case Step::kUpdate: written = store_update(store_, &probe_->tid, &row, &writer); break;
+    case Step::kDelete: written = store_delete(store_, &probe_->tid, &writer); break;
   }
-  bool absent_waits = start == Start::kLookAbsentWaits;
-  long unexplained_sleep_us = 50;
-  for (;;) {
-    CHECK_FOR_INTERRUPTS();
-    uint64 inserts_before = inserts_seen(inserts);
-    probe_key(store, id, nullptr, probe);
-    if (!probe->found && absent_waits && !lock.held) {
-      if (!lock.take(deadline)) return Driven::kTimedOut;
-      probe_key(store, id, nullptr, probe);  // what the lock's holder left
-      lock.release();
-    }
-    *step = decide(*probe, GetCurrentTimestamp());
-    bool first_row = step->kind == Step::kInsert || step->kind == Step::kKeepUnwritten;
-    if (!first_row) lock.release();
-    TransactionId writer = probe->writer;
-    WriteResult written = WriteResult::kBusy;
-    switch (step->kind) {
-      case Step::kStop: return Driven::kDone;
-      case Step::kWait: break;
-      case Step::kInsert:
-      case Step::kKeepUnwritten:
-        // A key's first row is inserted only under its lock, and after looking again
-        // if the lock's last holder may have inserted the row meanwhile.
-        if (!lock.held) {
-          if (!lock.take(deadline)) return Driven::kTimedOut;
-          if (inserted_since(inserts, inserts_before)) continue;
-        }
-        if (step->kind == Step::kKeepUnwritten) {
-          remember_unwritten_claim(step->row, lock.get());  // keeps the lock
-          return Driven::kDone;
-        }
-        // A unique index holds a row the probe did not see: let go and look again.
-        written = store_insert(store, &step->row, OnConflict::kBackOut) ? WriteResult::kDone
-                                                                        : WriteResult::kChanged;
-        if (written == WriteResult::kDone) note_insert(inserts);
-        lock.release();
-        // Under the lock, only a unique index of the user's on other columns can hold a
-        // row that the primary key's probe cannot find: poll it out, never spin.
-        if (written == WriteResult::kChanged && !probe->found &&
-            !sleep_before_retry(&unexplained_sleep_us, deadline))
-          return Driven::kTimedOut;
-        break;
-      case Step::kWriteUnwritten:
-        // The claim holds the lock and saw no row: only a row written outside the
-        // functions (a hand-made INSERT) can be in the way, and then the claim fails.
-        if (!store_insert(store, &step->row, OnConflict::kReport)) raise_row_in_the_way(id);
-        note_insert(inserts);
-        note_unwritten_claim_written(id);
-        return Driven::kDone;
-      case Step::kDropUnwritten: note_unwritten_claim_written(id); return Driven::kDone;
-      case Step::kUpdate: written = store_update(store, &probe->tid, &step->row, &writer); break;
-      case Step::kDelete: written = store_delete(store, &probe->tid, &writer); break;
-    }
-    if (written == WriteResult::kDone) return Driven::kDone;
-    if (written == WriteResult::kBusy && !wait_for_writer(writer, deadline))
-      return Driven::kTimedOut;
-  }
+  if (written == WriteResult::kDone)
+    state_ = kDone;
+  else if (written == WriteResult::kBusy && !wait_for_writer(writer, deadline_))
+    state_ = kTimedOut;
 }
 
 }  // namespace idempotency

@@ -1,12 +1,19 @@
 // The one loop of every function that acts on one key (claims, idem_once, finishes,
-// idem_forget): look at the key (probe), ask the caller what to do (the caller asks
-// the core), take the identity lock for a key's first row, write, and wait (polled,
-// bounded) for a row another transaction is writing; then look again.
+// idem_forget). The entry point runs it and asks the core what to do; the loop never
+// calls back up:
+//
+//   KeyLoop loop(&store, id, deadline, Start::kLook);
+//   while (loop.next(&probe)) loop.apply(step the core decides from probe);
+//   if (loop.timed_out()) ...
+//
+// next() looks at the key (probe); apply() takes the identity lock for a key's first
+// row, writes, and waits (bounded, in the lock queue) for a row another transaction is
+// writing; then next() looks again, until a step is done or a wait runs out.
 #pragma once
 
 #include <type_traits>
 
-#include "pg/common/function_ref.hpp"
+#include "pg/keys/identity_lock.hpp"
 #include "pg/keys/key_row.hpp"
 #include "pg/keys/store.hpp"
 
@@ -32,13 +39,6 @@ struct Step {
   KeyRow row;
 };
 
-enum class Driven {
-  kDone,      // a step stopped, or its write succeeded
-  kTimedOut,  // waiting for another transaction (or its identity lock) ran out
-};
-
-using Decide = FunctionRef<Step(const Probe& probe, TimestampTz now)>;
-
 // What this transaction's unwritten claim, or else the store, holds for `id`.
 void probe_key(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* probe);
 
@@ -48,20 +48,56 @@ enum class Start {
   kLookAbsentWaits,  // the same, and finding no row also waits for the identity lock, so
                      // that another transaction's unwritten claim counts as a row it is
                      // writing (finishes, forget)
-  kInsertFirst,      // a key expected to be new: insert what `decide` makes of no row,
+  kInsertFirst,      // a key expected to be new: insert the row decided on "no row",
                      // under the identity lock, and look only if the primary key holds
                      // a row of it (one descent of the index instead of two; a row
                      // found costs an insertion taken back)
 };
 
-// Runs the loop until a step stops or its write succeeds (kDone, with the last look
-// in *probe and what was done in *step), or a wait runs out (kTimedOut; *probe shows
-// the row waited for, or nothing when only the identity lock was).
-Driven drive(KeyStore* store, const Identity& id, TimestampTz deadline, Start start, Decide decide,
-             Probe* probe, Step* step);
+// The identity lock of one call, computed only when needed: most calls (replays)
+// never lock, and the tag costs a keyed hash.
+struct CallLock {
+  const Identity* id;
+  bool computed;
+  bool held;
+  IdentityLock lock;
+
+  const IdentityLock& get();
+  bool take(TimestampTz deadline);
+  void release();
+};
+
+class KeyLoop {
+ public:
+  KeyLoop(KeyStore* store, const Identity& id, TimestampTz deadline, Start start);
+  // The next look at the key, for the caller to decide a step on (with kInsertFirst,
+  // the first look is "no row" without looking); false once the call is over.
+  bool next(Probe* probe);
+  // Carries out the step decided on the last look.
+  void apply(const Step& step);
+  // Over because a wait ran out (*probe of the last next() shows the row waited for,
+  // or nothing when only the identity lock was), not because a step was done.
+  bool timed_out() const { return state_ == kTimedOut; }
+
+ private:
+  enum State { kFirst, kLooking, kDone, kTimedOut };
+  bool insert_first(const Step& step);
+  void write(const Step& step);
+
+  KeyStore* store_;
+  const Identity* id_;
+  TimestampTz deadline_;
+  Start start_;
+  State state_;
+  Probe* probe_ = nullptr;
+  CallLock lock_;
+  InsertCount inserts_;
+  uint64 inserts_before_ = 0;
+  long unexplained_sleep_us_ = 50;
+};
 
 static_assert(std::is_trivially_destructible_v<Step>);
 static_assert(std::is_trivially_destructible_v<Probe>);
-static_assert(std::is_trivially_destructible_v<Decide>);
+static_assert(std::is_trivially_destructible_v<KeyLoop>);
 
 }  // namespace idempotency

@@ -153,7 +153,7 @@ static TupleTableSlot* store_row_in_slot(KeyStore* store, const KeyRow* row) {
 // as INSERT ... ON CONFLICT does, and takes the row back on a conflict; kReport
 // inserts plainly (no speculative lock, no confirmation record) and leaves the row
 // for the caller, who must then fail.
-bool store_insert(KeyStore* store, KeyRow* row, OnConflict on_conflict) {
+bool store_insert(KeyStore* store, const KeyRow* row, OnConflict on_conflict) {
   IndexWriter writer = index_writer_for_transaction(store->heap);
   TupleTableSlot* slot = store_row_in_slot(store, row);
   CommandId command = GetCurrentCommandId(true);
@@ -192,7 +192,8 @@ static WriteResult write_result(TM_Result result, const TM_FailureData& failure,
   return WriteResult::kChanged;
 }
 
-WriteResult store_update(KeyStore* store, ItemPointer tid, KeyRow* row, TransactionId* writer) {
+WriteResult store_update(KeyStore* store, ItemPointer tid, const KeyRow* row,
+                         TransactionId* writer) {
   TupleTableSlot* slot = store_row_in_slot(store, row);
   TM_FailureData failure;
   compat::IndexUpdate indexes;

@@ -60,14 +60,15 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
 // probes again); kReport leaves it, for a caller that then raises an error (cheaper: no speculative
 // insertion).
 enum class OnConflict { kBackOut, kReport };
-bool store_insert(KeyStore* store, KeyRow* row, OnConflict on_conflict);
+bool store_insert(KeyStore* store, const KeyRow* row, OnConflict on_conflict);
 
 // Outcome of an update or delete of a probed row.
 enum class WriteResult { kDone, kBusy, kChanged };
 
 // kBusy: another transaction is writing the row (its xid in *writer); kChanged: the
 // row changed since the probe (probe again; 40001 under REPEATABLE READ).
-WriteResult store_update(KeyStore* store, ItemPointer tid, KeyRow* row, TransactionId* writer);
+WriteResult store_update(KeyStore* store, ItemPointer tid, const KeyRow* row,
+                         TransactionId* writer);
 WriteResult store_delete(KeyStore* store, ItemPointer tid, TransactionId* writer);
 
 // Scans for the reaper, idem_reap, idem_stats and idem_abandoned. Each visits rows
