@@ -59,23 +59,24 @@ static Datum apply_version(FunctionCallInfo fcinfo) {
                                PointerGetDatum(entity)};
   bool nulls[col::kCount] = {};
   bool apply = false;
-  auto decide = [&](bool found) {
+  LOCKTAG lock =
+      messaging_lock(MessagingLock::kAppliedEntity,
+                     {std::string_view(reinterpret_cast<const char*>(&role), sizeof(role)),
+                      bytes_of(scope), bytes_of(entity)},
+                     store_lock_secret());
+  KeyedLoop loop(&applied, oids.applied_pkey, keys, 3, lock, default_wait_deadline(now));
+  bool found;
+  while (loop.next(&found)) {
     std::optional<int64> last;
     bool isnull;
     // An expired record is forgotten, as an expired key is, whether reaped yet or not.
     if (found && DatumGetTimestampTz(column(&applied, col::kExpiresAt, &isnull)) > now)
       last = DatumGetInt64(column(&applied, col::kVersion, &isnull));
     apply = should_apply(last, version);
-    if (!apply) return KeyedWrite{};
-    return KeyedWrite{found ? KeyedWrite::kUpdate : KeyedWrite::kInsert, values, nulls};
-  };
-  LOCKTAG lock =
-      messaging_lock(MessagingLock::kAppliedEntity,
-                     {std::string_view(reinterpret_cast<const char*>(&role), sizeof(role)),
-                      bytes_of(scope), bytes_of(entity)},
-                     store_lock_secret());
-  if (!write_keyed(&applied, oids.applied_pkey, keys, 3, lock, default_wait_deadline(now), decide))
-    raise_apply_in_progress(scope, entity);
+    KeyedWrite write{found ? KeyedWrite::kUpdate : KeyedWrite::kInsert, values, nulls};
+    loop.apply(apply ? write : KeyedWrite{});
+  }
+  if (loop.timed_out()) raise_apply_in_progress(scope, entity);
   close_table(&applied);
   PG_RETURN_BOOL(apply);
 }

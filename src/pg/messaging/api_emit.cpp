@@ -50,18 +50,19 @@ static int64 take_seq(const MessagingOids& oids, text* topic, text* aggregate,
   int64 seq = 0;
   Datum values[aggregate_column::kCount] = {PointerGetDatum(topic), PointerGetDatum(aggregate), 0};
   bool nulls[aggregate_column::kCount] = {};
-  auto decide = [&](bool found) {
+  LOCKTAG lock =
+      messaging_lock(MessagingLock::kAggregate, {bytes_of(topic), bytes_of(aggregate)}, secret);
+  KeyedLoop loop(&counters, oids.aggregates_pkey, keys, 2, lock, deadline);
+  bool found;
+  while (loop.next(&found)) {
     std::optional<int64> last;
     bool isnull;
     if (found) last = DatumGetInt64(column(&counters, aggregate_column::kLastSeq, &isnull));
     seq = next_seq(last);
     values[aggregate_column::kLastSeq - 1] = Int64GetDatum(seq);
-    return KeyedWrite{found ? KeyedWrite::kUpdate : KeyedWrite::kInsert, values, nulls};
-  };
-  LOCKTAG lock =
-      messaging_lock(MessagingLock::kAggregate, {bytes_of(topic), bytes_of(aggregate)}, secret);
-  if (!write_keyed(&counters, oids.aggregates_pkey, keys, 2, lock, deadline, decide))
-    raise_emit_in_progress("aggregate");
+    loop.apply(KeyedWrite{found ? KeyedWrite::kUpdate : KeyedWrite::kInsert, values, nulls});
+  }
+  if (loop.timed_out()) raise_emit_in_progress("aggregate");
   close_table(&counters);
   return seq;
 }
@@ -116,12 +117,13 @@ static Datum emit(FunctionCallInfo fcinfo) {
     table_insert(&outbox, row.values, row.nulls);
   } else {
     // At most one event per id: an event stored under it (in any state) is the one.
-    auto decide = [&](bool found) { return found ? KeyedWrite{} : event_row(); };
     ScanKeyData key;
     ScanKeyInit(&key, 1, BTEqualStrategyNumber, oids.key_eq, PointerGetDatum(event_id));
     LOCKTAG lock = messaging_lock(MessagingLock::kEventId, {bytes_of(event_id)}, secret);
-    if (!write_keyed(&outbox, oids.outbox_pkey, &key, 1, lock, deadline, decide))
-      raise_emit_in_progress("event id");
+    KeyedLoop loop(&outbox, oids.outbox_pkey, &key, 1, lock, deadline);
+    bool found;
+    while (loop.next(&found)) loop.apply(found ? KeyedWrite{} : event_row());
+    if (loop.timed_out()) raise_emit_in_progress("event id");
   }
   close_table(&outbox);
   PG_RETURN_POINTER(event_id);

@@ -1,7 +1,7 @@
 #include "pg/messaging/keyed_write.hpp"
 
-#include "pg/keys/identity_lock.hpp"
 #include "pg/common/waits.hpp"
+#include "pg/keys/identity_lock.hpp"
 
 extern "C" {
 #include "miscadmin.h"
@@ -9,29 +9,35 @@ extern "C" {
 
 namespace idempotency {
 
-bool write_keyed(Table* table, Oid index, ScanKey keys, int nkeys, const LOCKTAG& lock,
-                 TimestampTz deadline, DecideWrite decide) {
-  long sleep_us = 50;
-  for (;;) {
+bool KeyedLoop::next(bool* found) {
+  while (state_ == kLooking) {
     CHECK_FOR_INTERRUPTS();
-    if (!lock_briefly(lock, deadline)) return false;
-    Look look = table_look(table, index, keys, nkeys);
-    if (look.found && TransactionIdIsValid(look.writer)) {
-      unlock_briefly(lock);
-      if (!wait_for_writer(look.writer, deadline)) return false;
-      continue;
+    if (!lock_briefly(lock_, deadline_)) break;
+    Look look = table_look(table_, index_, keys_, nkeys_);
+    if (!look.found || !TransactionIdIsValid(look.writer)) {
+      *found = look.found;
+      tid_ = look.tid;
+      return true;
     }
-    KeyedWrite write = decide(look.found);
-    // Others update the row only under this lock, but the reaper deletes expired
-    // applied versions without it: it may hold or have deleted the row.
-    Write written = Write::kDone;
-    if (write.kind == KeyedWrite::kInsert) table_insert(table, write.values, write.nulls);
-    if (write.kind == KeyedWrite::kUpdate)
-      written = table_try_update(table, &look.tid, write.values, write.nulls);
-    unlock_briefly(lock);
-    if (written == Write::kDone) return true;
-    if (written == Write::kBusy && !sleep_before_retry(&sleep_us, deadline)) return false;
+    unlock_briefly(lock_);
+    if (!wait_for_writer(look.writer, deadline_)) break;
   }
+  if (state_ == kLooking) state_ = kTimedOut;
+  return false;
+}
+
+void KeyedLoop::apply(const KeyedWrite& write) {
+  // Others update the row only under this lock, but the reaper deletes expired applied
+  // versions without it: it may hold or have deleted the row.
+  Write written = Write::kDone;
+  if (write.kind == KeyedWrite::kInsert) table_insert(table_, write.values, write.nulls);
+  if (write.kind == KeyedWrite::kUpdate)
+    written = table_try_update(table_, &tid_, write.values, write.nulls);
+  unlock_briefly(lock_);
+  if (written == Write::kDone)
+    state_ = kDone;
+  else if (written == Write::kBusy && !sleep_before_retry(&sleep_us_, deadline_))
+    state_ = kTimedOut;
 }
 
 }  // namespace idempotency

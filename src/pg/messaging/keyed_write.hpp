@@ -1,13 +1,19 @@
 // The one loop of messaging's writes by a unique key (an event id, an aggregate's
-// counter, an applied entity), as the driver's for keys: under the key's brief lock,
-// look at its row; wait (polled, bounded) for another transaction writing it, then
-// look again; else ask the caller what to write and write it. The row written stays
-// this transaction's until it ends: a dirty look by anyone else sees it as being
-// written and waits. No lock outlives the call, so a transaction may write any
-// number of keys.
+// counter, an applied entity), as KeyLoop is for keys. The entry point runs it and
+// decides what to write; the loop never calls back up:
+//
+//   KeyedLoop loop(&table, index, keys, nkeys, lock, deadline);
+//   bool found;
+//   while (loop.next(&found)) loop.apply(the write decided from found);
+//   if (loop.timed_out()) ... (IK005)
+//
+// next() takes the key's brief lock and looks at its row, waiting (bounded, in the
+// lock queue) for another transaction writing it; apply() writes and lets the lock go.
+// The row written stays this transaction's until it ends: a dirty look by anyone else
+// sees it as being written and waits. No lock outlives the call, so a transaction may
+// write any number of keys.
 #pragma once
 
-#include "pg/common/function_ref.hpp"
 #include "pg/common/table.hpp"
 
 extern "C" {
@@ -23,13 +29,36 @@ struct KeyedWrite {
   const bool* nulls = nullptr;
 };
 
-// found: the key's row is in table->slot (an update replaces that version, unless it
-// changed meanwhile: then the loop looks again). The values written must not point
-// into it.
-using DecideWrite = FunctionRef<KeyedWrite(bool found)>;
+class KeyedLoop {
+ public:
+  KeyedLoop(Table* table, Oid index, ScanKey keys, int nkeys, const LOCKTAG& lock,
+            TimestampTz deadline)
+      : table_(table),
+        index_(index),
+        keys_(keys),
+        nkeys_(nkeys),
+        lock_(lock),
+        deadline_(deadline) {}
+  // Under the key's brief lock, whether its row is there (then in table->slot); false
+  // once the call is over.
+  bool next(bool* found);
+  // Writes what was decided on the last look (an update replaces that version, unless
+  // it changed meanwhile: then next() looks again); the values must not point into the
+  // slot.
+  void apply(const KeyedWrite& write);
+  bool timed_out() const { return state_ == kTimedOut; }
 
-// False when a wait ran out (the caller raises IK005).
-bool write_keyed(Table* table, Oid index, ScanKey keys, int nkeys, const LOCKTAG& lock,
-                 TimestampTz deadline, DecideWrite decide);
+ private:
+  enum State { kLooking, kDone, kTimedOut };
+  Table* table_;
+  Oid index_;
+  ScanKey keys_;
+  int nkeys_;
+  LOCKTAG lock_;
+  TimestampTz deadline_;
+  State state_ = kLooking;
+  ItemPointerData tid_{};
+  long sleep_us_ = 50;
+};
 
 }  // namespace idempotency
