@@ -65,12 +65,14 @@ dist:
 CXX_SOURCES = $(wildcard src/core/*.cpp src/pg/*/*.cpp)
 CXX_FILES = $(CXX_SOURCES) $(wildcard src/core/*.hpp src/pg/*/*.hpp test/unit/*.cpp test/fuzz/*.cpp)
 
-.PHONY: format format-check lint
+.PHONY: format format-check lint layers-check
 format:
 	clang-format -i $(CXX_FILES)
 format-check:
 	clang-format --dry-run --Werror $(CXX_FILES)
 compile_commands.json: $(CXX_SOURCES)
 	bear --output $@ -- $(MAKE) -B $(OBJS) PG_CONFIG=$(PG_CONFIG)
+layers-check:
+	test/check_layers.sh
 lint: compile_commands.json
 	clang-tidy -p . --quiet $(CXX_SOURCES)

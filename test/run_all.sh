@@ -9,7 +9,8 @@
 #   3. unit tests of the C++ core with ctest, plainly and under ASan/UBSan, the Node.js
 #      fingerprint client against test/fingerprint_vectors.json, and the libFuzzer
 #      targets for FUZZ_SECONDS each (default 30; 0 skips them);
-#   4. `make format-check` and `make lint` (clang-format, clang-tidy), one pass or
+#   4. `make format-check`, `make layers-check` (test/check_layers.sh: no include runs
+#      back up the folders of src/pg) and `make lint` (clang-format, clang-tidy), one pass or
 #      failure each;
 #   5. for each PostgreSQL version of PG_VERSIONS, the extension built and installed
 #      against it, and from a copy of the repository owned by the postgres OS user,
@@ -26,7 +27,7 @@
 #        package is META.json, the DESTDIR install and how scripts/pg_versions.sh finds
 #        PostgreSQL's sources (test/pg_versions_test.sh); unit is the two ctest runs, the
 #        fingerprint client and fuzz (no PostgreSQL needed, so no PGXS build); style is
-#        format-check and lint; sql is regress, isolation and tap.
+#        format-check, layers-check and lint; sql is regress, isolation and tap.
 #   PG_VERSIONS=15,18  the PostgreSQL versions the SQL, isolation and TAP tests run on
 #                      (default 15,17,18,19; 17 and up are built once from Debian's
 #                      source packages and cached, see scripts/pg_versions.sh).
@@ -474,6 +475,7 @@ if selected fuzz unit; then
 fi
 if selected style style; then
   make_check "the C++ is not formatted as .clang-format says: run make format" format-check
+  make_check "an include runs back up the layers of src/pg (src/pg/README.md)" layers-check
   if [ "$built" = yes ]; then
     make_check "clang-tidy found problems (.clang-tidy)" lint
   else
