@@ -15,7 +15,6 @@
 extern "C" {
 #include "nodes/execnodes.h"
 #include "storage/lockdefs.h"
-#include "utils/rel.h"
 }
 
 namespace idempotency {

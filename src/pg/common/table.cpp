@@ -7,7 +7,6 @@
 extern "C" {
 #include "access/heapam.h"
 #include "access/htup_details.h"
-#include "access/relation.h"
 #include "access/table.h"
 #include "access/xact.h"
 #include "catalog/dependency.h"

@@ -9,7 +9,6 @@ extern "C" {
 #include "storage/lmgr.h"
 #include "storage/proc.h"
 #include "utils/elog.h"
-#include "utils/memutils.h"
 #include "utils/resowner.h"
 #include "utils/wait_event.h"
 }

@@ -11,7 +11,6 @@
 
 extern "C" {
 #include "storage/lock.h"
-#include "utils/timestamp.h"
 }
 
 namespace idempotency {

@@ -10,7 +10,6 @@ extern "C" {
 #include "access/xact.h"
 #include "funcapi.h"
 #include "miscadmin.h"
-#include "tcop/utility.h"
 #include "utils/builtins.h"
 }
 

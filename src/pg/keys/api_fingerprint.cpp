@@ -10,7 +10,6 @@
 
 extern "C" {
 #include "mb/pg_wchar.h"
-#include "utils/builtins.h"
 #include "utils/jsonb.h"
 }
 

@@ -1,7 +1,6 @@
 #include "pg/keys/error_hints.hpp"
 
 #include "pg/common/key_type.hpp"
-#include "pg/keys/store.hpp"
 #include "pg/keys/xact.hpp"
 
 extern "C" {

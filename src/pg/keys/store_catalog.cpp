@@ -6,33 +6,14 @@
 
 #include "pg/common/table.hpp"
 
-#include <optional>
-
 extern "C" {
 #include "access/genam.h"
 #include "access/heapam.h"
 #include "access/htup_details.h"
-#include "access/relation.h"
 #include "access/table.h"
-#include "access/xact.h"
-#include "catalog/namespace.h"
-#include "catalog/pg_collation.h"
-#include "catalog/pg_type.h"
-#include "common/hashfn.h"
-#include "executor/executor.h"
-#include "miscadmin.h"
-#include "storage/latch.h"
-#include "storage/bufmgr.h"
-#include "storage/lmgr.h"
-#include "utils/builtins.h"
-#include "utils/datum.h"
-#include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
-#include "utils/memutils.h"
 #include "utils/snapmgr.h"
-#include "utils/syscache.h"
-#include "utils/wait_event.h"
 }
 
 namespace idempotency {

@@ -4,10 +4,7 @@
 #include "pg/common/table.hpp"
 
 extern "C" {
-#include "catalog/namespace.h"
-#include "catalog/pg_type.h"
 #include "utils/inval.h"
-#include "utils/lsyscache.h"
 }
 
 namespace idempotency {

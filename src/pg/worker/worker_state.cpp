@@ -6,8 +6,6 @@
 
 extern "C" {
 #include "miscadmin.h"
-#include "storage/proc.h"
-#include "storage/shmem.h"
 #include "storage/spin.h"
 }
 
