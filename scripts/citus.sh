@@ -7,8 +7,8 @@
 #                         is built from a source tarball and installed there, once per
 #                         PostgreSQL build (a stamp per prefix). Prints the Citus
 #                         version on stdout, progress on stderr. Returns 0 when Citus
-#                         can be loaded, 2 when it cannot be had (no source, or a
-#                         PostgreSQL that this Citus does not support), 1 when building
+#                         can be loaded, 2 when there is no Citus source, 3 when the
+#                         source found does not support this PostgreSQL, 1 when building
 #                         or installing failed (a tarball with a wrong sha256 included).
 #
 # Citus is a test dependency only (AGPL-3.0): nothing of it is built into or shipped
@@ -108,7 +108,7 @@ citus_for() {
   if [[ " ${CITUS_PG_MAJORS[${version%%.*}]:-} " != *" $major "* ]]; then
     echo "citus: Citus $version does not support PostgreSQL $major" \
       "(it builds against ${CITUS_PG_MAJORS[${version%%.*}]:-an unknown set of} only)" >&2
-    return 2
+    return 3
   fi
   want=${CITUS_SHA256:-${CITUS_PINNED_SHA256[$version]:-}}
   if [ -z "$want" ]; then
