@@ -11,7 +11,8 @@ PG_OBJS = src/pg/errors.o src/pg/module.o src/pg/guc.o src/pg/shmem.o src/pg/key
           src/pg/api_fingerprint.o src/pg/api_monitor.o src/pg/api_reap.o src/pg/reaper_pass.o \
           src/pg/worker_state.o src/pg/reaper.o src/pg/launcher.o src/pg/utility_hook.o \
           src/pg/table.o src/pg/messaging_catalog.o src/pg/outbox_row.o src/pg/api_emit.o \
-          src/pg/api_apply.o src/pg/api_outbox.o src/pg/keyed_write.o src/pg/open_relations.o
+          src/pg/api_apply.o src/pg/api_outbox.o src/pg/keyed_write.o src/pg/open_relations.o \
+          src/pg/citus_meta.o
 OBJS = $(CORE_OBJS) $(PG_OBJS)
 
 PG_CPPFLAGS = -Isrc

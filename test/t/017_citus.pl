@@ -8,7 +8,9 @@
 #   (b) the CALL inside BEGIN ... COMMIT on the coordinator (not delegated by Citus)
 #       and a delegated retry, and the other way round: never two payments;
 #   (c) every shard moved (block_writes), then every key of (a) retried: still one
-#       payment per key.
+#       payment per key;
+#   (d) idempotency.keys distributed by hand: every call fails (0A000), nothing is
+#       paid; undistributed, it works again.
 #
 # What today's code gets wrong (the key store is node-local: issue 27) is marked TODO,
 # so the file passes today and its TODOs pass once the scale-out lands.
@@ -268,6 +270,38 @@ TODO: {
 }
 note('(c) after the retries (once|twice or more|none): ' . paid(0, $keys)
 	  . '; keys by node: ' . keys_by_node('a'));
+
+# ---------------------------------------------------------------------------------
+# (d) The store distributed by hand: refused, never written node-locally
+# ---------------------------------------------------------------------------------
+
+# Citus accepts distributing idempotency.keys by hand. The library must not go on
+# writing a node's own table then (a retry routed elsewhere would not see the key):
+# every call fails, on the coordinator and in delegated calls, and pays nothing.
+$coordinator->safe_psql('postgres', q{
+  SELECT create_distributed_table('idempotency.keys', 'scope', colocate_with => 'none')});
+$rows_before = $coordinator->safe_psql('postgres', 'SELECT count(*) FROM payments');
+for my $call (
+	[ 'delegated', "CALL create_payment('d-1', 9001, 40);" ],
+	[ 'in a block', "BEGIN; CALL create_payment('d-2', 9002, 40); COMMIT;" ])
+{
+	($stdout, $stderr) = ('', '');
+	$coordinator->psql('postgres', "\\set VERBOSITY verbose\n$call->[1]",
+		stdout => \$stdout, stderr => \$stderr, on_error_stop => 1);
+	like($stderr, qr/0A000: the key store idempotency.keys is distributed with Citus/,
+		"(d) store distributed by hand: a CALL $call->[0] fails with 0A000");
+	note("(d) $call->[0]: " . join(' / ', grep { /ERROR|while executing/ } split /\n/, $stderr));
+}
+is($coordinator->safe_psql('postgres', 'SELECT count(*) FROM payments'), $rows_before,
+	'(d) and pays nothing');
+# undistribute_table refuses a table that belongs to an extension: take it out of the
+# extension for the time of the call.
+$coordinator->safe_psql('postgres', q{
+  ALTER EXTENSION idempotency DROP TABLE idempotency.keys;
+  SELECT undistribute_table('idempotency.keys');
+  ALTER EXTENSION idempotency ADD TABLE idempotency.keys;});
+$coordinator->safe_psql('postgres', q{CALL create_payment('d-3', 9003, 40)});
+is(paid(9002, 1), '1|0|0', '(d) undistributed again: the store works as before');
 
 $_->stop for @nodes;
 done_testing();
