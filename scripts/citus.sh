@@ -129,6 +129,12 @@ citus_for() {
   (
     flock 9 || exit 1
     if [ -f "$stamp" ] && _citus_installed "$pg_config" >/dev/null; then exit 0; fi
+    # Kept for the next run, which then needs no CITUS_SOURCE_DIR or CITUS_TARBALL.
+    if [ "$(realpath "$(dirname "$tarball")")" != "$(realpath "$CITUS_CACHE")" ]; then
+      cp "$tarball" "$CITUS_CACHE/citus-$version.tar.gz.part" &&
+        mv "$CITUS_CACHE/citus-$version.tar.gz.part" "$CITUS_CACHE/citus-$version.tar.gz" ||
+        exit 1
+    fi
     _citus_build "$tarball" "$version" "$sha" "$prefix" "$stamp"
   ) 9>"$stamp.lock"
   status=$?
@@ -175,11 +181,6 @@ _citus_build() {
   work=$CITUS_CACHE/build/$(_citus_key "$prefix") log=$stamp.log
   echo "citus: building Citus $version into $prefix (log: $log)" >&2
   : >"$log" && rm -rf "$work" && mkdir -p "$work" || return 1
-  # Kept for the next run, which then needs no CITUS_SOURCE_DIR or CITUS_TARBALL.
-  if [ "$(dirname "$(realpath "$tarball")")" != "$(realpath "$CITUS_CACHE")" ]; then
-    cp "$tarball" "$CITUS_CACHE/citus-$version.tar.gz.part" &&
-      mv "$CITUS_CACHE/citus-$version.tar.gz.part" "$CITUS_CACHE/citus-$version.tar.gz" || return 1
-  fi
   (
     umask 022 # the postgres OS user loads what is installed
     _citus_step "$log" "build dependencies" _citus_deps &&

@@ -30,7 +30,8 @@
 #
 #   ONLY=package|unit|fuzz|style|sql|regress|isolation|tap (comma-separated) runs a part;
 #        package is META.json, the DESTDIR install and how scripts/pg_versions.sh finds
-#        PostgreSQL's sources (test/pg_versions_test.sh); unit is the two ctest runs, the
+#        PostgreSQL's sources (test/pg_versions_test.sh) and scripts/citus.sh finds
+#        Citus (test/citus_test.sh); unit is the two ctest runs, the
 #        fingerprint client and fuzz (no PostgreSQL needed, so no PGXS build); style is
 #        format-check and lint; sql is regress, isolation and tap.
 #   PG_VERSIONS=15,18  the PostgreSQL versions the SQL, isolation and TAP tests run on
@@ -341,6 +342,23 @@ check_pg_versions_script() {
   fi
 }
 
+# How scripts/citus.sh finds, verifies, builds and reuses Citus, against stand-ins for
+# PostgreSQL, the tarballs and the build: one pass or failure per check it prints.
+check_citus_script() {
+  say "package: scripts/citus.sh against stand-ins"
+  local out ok bad status=0
+  out=$(bash "$work/src/test/citus_test.sh" 2>&1) || status=$?
+  echo "$out"
+  ok=$(grep -c '^ok ' <<<"$out" || true)
+  bad=$(grep -c '^not ok ' <<<"$out" || true)
+  if [ "$status" -ne 0 ] && [ "$bad" -eq 0 ]; then bad=1; fi
+  if [ "$ok" -eq 0 ] && [ "$bad" -eq 0 ]; then
+    stage_failed "test/citus_test.sh gave no result"
+  else
+    count "$ok" "$bad"
+  fi
+}
+
 check_destdir_install() {
   say "package: make install DESTDIR=..."
   local stage=$work/stage file missing=0
@@ -493,6 +511,7 @@ cd "$work/src"
 if selected package package; then
   check_meta
   check_pg_versions_script
+  check_citus_script
 fi
 
 built=yes
