@@ -13,7 +13,9 @@
 #       every key retried: one payment per key;
 #   (e) every shard split in two (block_writes), the halves on different workers,
 #       then every key retried: one payment per key;
-#   (f) idempotency.keys distributed by hand: every call fails (0A000), nothing is
+#   (f) the C lookup of a value's shard (docs/design-citus.md) agrees with Citus's, follows
+#       a move, and its lock makes a concurrent move wait;
+#   (g) idempotency.keys distributed by hand: every call fails (0A000), nothing is
 #       paid; undistributed, it works again.
 #
 # What today's code gets wrong (the key store is node-local: issue 27) is marked TODO,
@@ -369,7 +371,93 @@ TODO: {
 note("(e) after the retries (once|twice or more|none): " . paid(7000, $split_keys));
 
 # ---------------------------------------------------------------------------------
-# (f) The store distributed by hand: refused, never written node-locally
+# (f) A value's shard found in C from Citus's catalogs, and the lock of a move
+# ---------------------------------------------------------------------------------
+
+# The first piece of docs/design-citus.md (sections 3 and 4), through a test hook of
+# the library that no extension script declares: which shard holds a value and whether
+# it is on this node, from a per-backend cache of Citus's catalogs, and the lock that
+# orders a write to that shard with a move.
+# Created on the coordinator, which propagates it to the workers.
+$coordinator->safe_psql('postgres', q{
+  CREATE FUNCTION idem_test_citus_route(regclass, anyelement, boolean)
+    RETURNS text AS 'idempotency', 'idem_test_citus_route' LANGUAGE C STRICT;});
+my $route_keys = 200;
+is($coordinator->safe_psql('postgres', qq{
+		SELECT count(*) FROM generate_series(1, $route_keys) a
+		WHERE split_part(idem_test_citus_route('payments', a::bigint, false), ' ', 1)::bigint
+		      <> get_shard_id_for_distribution_column('payments', a::bigint)}),
+	'0', "(f) the shard of each of $route_keys accounts (after the splits) is Citus's");
+for my $worker (@workers) {
+	my $name = $worker->name;
+	my $expected = $coordinator->safe_psql('postgres', sprintf(q{
+		SELECT string_agg(a::text, ',' ORDER BY a) FROM generate_series(1, %d) a
+		JOIN citus_shards s
+		  ON s.shardid = get_shard_id_for_distribution_column('payments', a::bigint)
+		WHERE s.nodeport = %d}, $route_keys, $worker->port));
+	isnt($expected, '', "(f) $name holds shards of some of the $route_keys accounts");
+	is($worker->safe_psql('postgres', qq{
+			SELECT string_agg(a::text, ',' ORDER BY a) FROM generate_series(1, $route_keys) a
+			WHERE split_part(idem_test_citus_route('payments', a::bigint, false), ' ', 3) = 't'}),
+		$expected, "(f) $name: the accounts whose shard is local are those Citus places there");
+}
+my $wrong_type_err;
+$coordinator->psql('postgres', q{SELECT idem_test_citus_route('payments', 1::int, false)},
+	stderr => \$wrong_type_err);
+like($wrong_type_err, qr/routing value is of type integer, the distribution column of "payments" of type bigint/,
+	'(f) a routing value of another type is refused');
+
+# The cache follows a move: a session that looked once looks again after the move.
+my $account = $coordinator->safe_psql('postgres', sprintf(q{
+	SELECT min(a) FROM generate_series(1, %d) a
+	JOIN citus_shards s ON s.shardid = get_shard_id_for_distribution_column('payments', a::bigint)
+	WHERE s.nodeport = %d}, $route_keys, $worker1->port));
+my $shard = $coordinator->safe_psql('postgres',
+	"SELECT get_shard_id_for_distribution_column('payments', ${account}::bigint)");
+my $session = $worker1->background_psql('postgres');
+is($session->query_safe("SELECT idem_test_citus_route('payments', ${account}::bigint, false)"),
+	"$shard " . ($coordinator->safe_psql('postgres', qq{
+		SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'payments'::regclass
+		AND shardminvalue::int < (SELECT shardminvalue::int FROM pg_dist_shard WHERE shardid = $shard)}))
+	  . ' t', "(f) worker1: account $account is in local shard $shard");
+$coordinator->safe_psql('postgres', sprintf(q{
+	SELECT citus_move_shard_placement(%d, '127.0.0.1', %d, '127.0.0.1', %d,
+	                                  shard_transfer_mode => 'block_writes')},
+	$shard, $worker1->port, $worker2->port));
+like($session->query_safe("SELECT idem_test_citus_route('payments', ${account}::bigint, false)"),
+	qr/^$shard \d+ f$/, '(f) worker1, same session, after the move: no longer local');
+$session->quit;
+
+# The lock: a transaction on worker2 that routed with the lock makes a move of that
+# shard wait until it ends, and then sees the shard gone.
+$session = $worker2->background_psql('postgres');
+$session->query_safe('BEGIN');
+like($session->query_safe("SELECT idem_test_citus_route('payments', ${account}::bigint, true)"),
+	qr/^$shard \d+ t$/, '(f) worker2: the shard is local, and its metadata lock taken');
+my $mover = IPC::Run::start(
+	[ 'psql', '-XAtq', '-d', $coordinator->connstr('postgres'), '-c', sprintf(q{
+		SELECT citus_move_shard_placement(%d, '127.0.0.1', %d, '127.0.0.1', %d,
+		                                  shard_transfer_mode => 'block_writes')},
+		$shard, $worker2->port, $worker1->port) ],
+	'>', \my $mover_out, '2>', \my $mover_err);
+ok($worker2->poll_query_until('postgres', q{
+		SELECT count(*) > 0 FROM pg_locks
+		WHERE locktype = 'advisory' AND objsubid = 8 AND mode = 'ExclusiveLock' AND NOT granted}),
+	'(f) the move waits for that lock (an ExclusiveLock on the co-located shards metadata tag)');
+is($coordinator->safe_psql('postgres',
+		"SELECT nodeport FROM citus_shards WHERE shardid = $shard"),
+	$worker2->port, '(f) and has not moved the shard while the transaction runs');
+$session->query_safe('COMMIT');
+$mover->finish;
+is($coordinator->safe_psql('postgres',
+		"SELECT nodeport FROM citus_shards WHERE shardid = $shard"),
+	$worker1->port, '(f) once it ended, the move went through');
+like($session->query_safe("SELECT idem_test_citus_route('payments', ${account}::bigint, true)"),
+	qr/^$shard \d+ f$/, '(f) and the next lookup on worker2 sees the shard gone');
+$session->quit;
+
+# ---------------------------------------------------------------------------------
+# (g) The store distributed by hand: refused, never written node-locally
 # ---------------------------------------------------------------------------------
 
 # Citus accepts distributing idempotency.keys by hand. The library must not go on
@@ -386,11 +474,11 @@ for my $call (
 	$coordinator->psql('postgres', "\\set VERBOSITY verbose\n$call->[1]",
 		stdout => \$stdout, stderr => \$stderr, on_error_stop => 1);
 	like($stderr, qr/0A000: the key store idempotency.keys is distributed with Citus/,
-		"(f) store distributed by hand: a CALL $call->[0] fails with 0A000");
-	note("(f) $call->[0]: " . join(' / ', grep { /ERROR|while executing/ } split /\n/, $stderr));
+		"(g) store distributed by hand: a CALL $call->[0] fails with 0A000");
+	note("(g) $call->[0]: " . join(' / ', grep { /ERROR|while executing/ } split /\n/, $stderr));
 }
 is($coordinator->safe_psql('postgres', 'SELECT count(*) FROM payments'), $rows_before,
-	'(f) and pays nothing');
+	'(g) and pays nothing');
 # undistribute_table refuses a table that belongs to an extension: take it out of the
 # extension for the time of the call.
 $coordinator->safe_psql('postgres', q{
@@ -398,7 +486,7 @@ $coordinator->safe_psql('postgres', q{
   SELECT undistribute_table('idempotency.keys');
   ALTER EXTENSION idempotency ADD TABLE idempotency.keys;});
 $coordinator->safe_psql('postgres', q{CALL create_payment('f-3', 9003, 40)});
-is(paid(9002, 1), '1|0|0', '(f) undistributed again: the store works as before');
+is(paid(9002, 1), '1|0|0', '(g) undistributed again: the store works as before');
 
 $_->stop for @nodes;
 done_testing();
