@@ -1,4 +1,5 @@
 #include "pg/messaging_catalog.hpp"
+#include "pg/citus_meta.hpp"
 
 #include "pg/table.hpp"
 
@@ -83,6 +84,17 @@ bool messaging_oids(MessagingOids* oids) {
     check_columns(found.outbox, kOutboxColumns, outbox_column::kCount);
     check_columns(found.aggregates, kAggregateColumns, aggregate_column::kCount);
     check_columns(found.applied, kAppliedColumns, applied_column::kCount);
+    // Distributed with Citus by hand: refused, as the key store (store_catalog.cpp).
+    const Oid tables[] = {found.outbox, found.aggregates, found.applied};
+    for (Oid table : tables)
+      if (citus_table(table))
+        ereport(ERROR, errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+                errmsg("the messaging table idempotency.%s is distributed with Citus, which this "
+                       "version of the extension does not support",
+                       get_rel_name(table)),
+                errdetail("Events and applied versions would be stored in this node's own "
+                          "tables, where a relay or a retry on another node would not find "
+                          "them."));
     found.key_eq = index_equality(found.outbox_pkey, 0);
     cached = found;
   }

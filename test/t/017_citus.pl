@@ -16,7 +16,7 @@
 #   (f) the C lookup of a value's shard (docs/design-citus.md) agrees with Citus's, follows
 #       a move, and its lock makes a concurrent move wait;
 #   (g) idempotency.keys distributed by hand: every call fails (0A000), nothing is
-#       paid; undistributed, it works again.
+#       paid; undistributed, it works again; the same for a messaging table.
 #
 # What today's code gets wrong (the key store is node-local: issue 27) is marked TODO,
 # so the file passes today and its TODOs pass once the scale-out lands.
@@ -487,6 +487,25 @@ $coordinator->safe_psql('postgres', q{
   ALTER EXTENSION idempotency ADD TABLE idempotency.keys;});
 $coordinator->safe_psql('postgres', q{CALL create_payment('f-3', 9003, 40)});
 is(paid(9002, 1), '1|0|0', '(g) undistributed again: the store works as before');
+
+# The same for the messaging tables (1.1): one of them distributed by hand, and
+# messaging fails with 0A000 instead of writing node-local rows.
+$coordinator->safe_psql('postgres', q{
+  SELECT create_distributed_table('idempotency.applied_versions', 'scope',
+                                  colocate_with => 'none')});
+($stdout, $stderr) = ('', '');
+$coordinator->psql('postgres',
+	"\\set VERBOSITY verbose\nSELECT idem_apply_version('orders', 'order-1', 1);",
+	stdout => \$stdout, stderr => \$stderr);
+like($stderr,
+	qr/0A000: the messaging table idempotency.applied_versions is distributed with Citus/,
+	'(g) a messaging table distributed by hand: idem_apply_version fails with 0A000');
+$coordinator->safe_psql('postgres', q{
+  ALTER EXTENSION idempotency DROP TABLE idempotency.applied_versions;
+  SELECT undistribute_table('idempotency.applied_versions');
+  ALTER EXTENSION idempotency ADD TABLE idempotency.applied_versions;});
+is($coordinator->safe_psql('postgres', q{SELECT idem_apply_version('orders', 'order-1', 1)}),
+	't', '(g) undistributed again: idem_apply_version applies');
 
 $_->stop for @nodes;
 done_testing();
