@@ -88,7 +88,7 @@ citus_for() {
   if [ -f "$stamp" ] && installed=$(_citus_installed "$pg_config") &&
      [ "$(sed -n 's/^citus.so sha256 //p' "$stamp")" = \
        "$(sha256sum "$("$pg_config" --pkglibdir)/citus.so" | cut -d' ' -f1)" ]; then
-    echo "$(sed -n 's/^version //p' "$stamp")"
+    sed -n 's/^version //p' "$stamp"
     return 0
   fi
   # 2. A Citus installed otherwise (a package, by hand): used as it is.
