@@ -1,10 +1,12 @@
 #include "pg/messaging/messaging_catalog.hpp"
+#include "pg/citus/citus_meta.hpp"
 
 #include "pg/common/open_relations.hpp"
 #include "pg/common/table.hpp"
 
 extern "C" {
 #include "utils/inval.h"
+#include "utils/lsyscache.h"
 }
 
 namespace idempotency {
@@ -78,6 +80,17 @@ bool messaging_oids(MessagingOids* oids) {
     check_columns(found.outbox, kOutboxColumns, outbox_column::kCount);
     check_columns(found.aggregates, kAggregateColumns, aggregate_column::kCount);
     check_columns(found.applied, kAppliedColumns, applied_column::kCount);
+    // Distributed with Citus by hand: refused, as the key store (store_catalog.cpp).
+    const Oid tables[] = {found.outbox, found.aggregates, found.applied};
+    for (Oid table : tables)
+      if (citus_table(table))
+        ereport(ERROR, errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+                errmsg("the messaging table idempotency.%s is distributed with Citus, which this "
+                       "version of the extension does not support",
+                       get_rel_name(table)),
+                errdetail("Events and applied versions would be stored in this node's own "
+                          "tables, where a relay or a retry on another node would not find "
+                          "them."));
     found.key_eq = index_equality(found.outbox_pkey, 0);
     cached = found;
   }

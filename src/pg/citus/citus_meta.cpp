@@ -1,0 +1,306 @@
+// Citus's catalog, read like PostgreSQL's: see citus_meta.hpp. Column numbers are
+// those of Citus 14.0.1's include/distributed/pg_dist_{partition,shard,placement,
+// local_group}.h.
+#include "pg/citus/citus_meta.hpp"
+#include "pg/common/errors.hpp"
+
+#include <algorithm>
+
+extern "C" {
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/skey.h"
+#include "access/stratnum.h"
+#include "access/table.h"
+#include "catalog/pg_namespace.h"
+#include "miscadmin.h"
+#include "nodes/primnodes.h"
+#include "storage/lmgr.h"
+#include "storage/lock.h"
+#include "storage/lockdefs.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/typcache.h"
+}
+
+namespace idempotency {
+
+namespace {
+
+constexpr AttrNumber kPartitionLogicalRelid = 1;  // pg_dist_partition
+constexpr AttrNumber kPartitionMethod = 2;
+constexpr AttrNumber kPartitionKey = 3;
+constexpr AttrNumber kPartitionColocation = 4;
+constexpr AttrNumber kShardLogicalRelid = 1;  // pg_dist_shard
+constexpr AttrNumber kShardId = 2;
+constexpr AttrNumber kShardMin = 5;
+constexpr AttrNumber kShardMax = 6;
+constexpr AttrNumber kPlacementShardId = 2;  // pg_dist_placement
+constexpr AttrNumber kPlacementGroup = 5;
+constexpr AttrNumber kLocalGroupId = 1;  // pg_dist_local_group
+// The advisory lock class of a co-location group's shard metadata
+// (include/distributed/resource_lock.h:44).
+constexpr uint16 kColocatedShardsMetadataLockClass = 8;
+
+struct Shard {
+  int32 min;
+  int32 max;
+  int64 shardid;
+  int32 group;
+  bool local;
+};
+
+// One distributed table's routing, in its own memory context.
+struct Entry {
+  Oid relid;  // InvalidOid: unused
+  bool valid;
+  MemoryContext context;
+  uint32 colocation;
+  Oid column_type;
+  Oid column_collation;
+  FmgrInfo hash;
+  int nshards;
+  Shard* shards;  // sorted by min
+};
+
+constexpr int kEntries = 8;
+Entry entries[kEntries];
+// Counts invalidations, so that a cache built while one arrived is built again.
+uint64 invalidations;
+Oid local_group_relid;
+Oid node_relid;
+
+Oid catalog_relid(const char* name) { return get_relname_relid(name, PG_CATALOG_NAMESPACE); }
+
+void forget(Datum, Oid relid) {
+  bool all = relid == InvalidOid || relid == local_group_relid || relid == node_relid;
+  for (Entry& entry : entries)
+    if (entry.valid && (all || entry.relid == relid)) entry.valid = false;
+  invalidations++;
+}
+
+void register_callback() {
+  static bool registered = false;
+  if (registered) return;
+  CacheRegisterRelcacheCallback(forget, 0);
+  registered = true;
+}
+
+// Scans `catalog` through `index` for rows whose `attno` equals `value` (an int8 when
+// `int8`, else an OID), calling `row` for each.
+template <typename Row>
+void scan(Oid catalog, const char* index_name, AttrNumber attno, Datum value, bool int8, Row row) {
+  Relation rel = table_open(catalog, AccessShareLock);
+  Oid index = catalog_relid(index_name);
+  ScanKeyData key;
+  ScanKeyInit(&key, attno, BTEqualStrategyNumber, int8 ? F_INT8EQ : F_OIDEQ, value);
+  SysScanDesc sscan = systable_beginscan(rel, index, OidIsValid(index), nullptr, 1, &key);
+  HeapTuple tuple;
+  while (HeapTupleIsValid(tuple = systable_getnext(sscan))) row(tuple, RelationGetDescr(rel));
+  systable_endscan(sscan);
+  table_close(rel, AccessShareLock);
+}
+
+int32 local_group() {
+  Oid catalog = catalog_relid("pg_dist_local_group");
+  if (!OidIsValid(catalog)) return -1;
+  Relation rel = table_open(catalog, AccessShareLock);
+  SysScanDesc sscan = systable_beginscan(rel, InvalidOid, false, nullptr, 0, nullptr);
+  HeapTuple tuple = systable_getnext(sscan);
+  int32 group = -1;
+  bool isnull = true;
+  if (HeapTupleIsValid(tuple)) {
+    Datum value = heap_getattr(tuple, kLocalGroupId, RelationGetDescr(rel), &isnull);
+    if (!isnull) group = DatumGetInt32(value);
+  }
+  systable_endscan(sscan);
+  table_close(rel, AccessShareLock);
+  return group;
+}
+
+[[noreturn]] void not_hash_distributed(Oid relid) {
+  ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+          errmsg("\"%s\" is not a hash-distributed Citus table", get_rel_name(relid)));
+}
+
+// Fills `entry` for `relid` from the catalogs, in a fresh context.
+void build(Entry* entry, Oid relid) {
+  Oid partition = catalog_relid("pg_dist_partition");
+  if (!OidIsValid(partition)) not_hash_distributed(relid);
+  local_group_relid = catalog_relid("pg_dist_local_group");
+  node_relid = catalog_relid("pg_dist_node");
+  bool found = false;
+  char method = 0;
+  uint32 colocation = 0;
+  Var* column = nullptr;
+  scan(partition, "pg_dist_partition_logical_relid_index", kPartitionLogicalRelid,
+       ObjectIdGetDatum(relid), false, [&](HeapTuple tuple, TupleDesc desc) {
+         bool isnull;
+         found = true;
+         method = DatumGetChar(heap_getattr(tuple, kPartitionMethod, desc, &isnull));
+         Datum key = heap_getattr(tuple, kPartitionKey, desc, &isnull);
+         if (!isnull) {
+           Node* node = static_cast<Node*>(stringToNode(TextDatumGetCString(key)));
+           if (node != nullptr && IsA(node, Var)) column = reinterpret_cast<Var*>(node);
+         }
+         Datum value = heap_getattr(tuple, kPartitionColocation, desc, &isnull);
+         colocation = isnull ? 0 : DatumGetUInt32(value);
+       });
+  if (!found || method != 'h' || column == nullptr) not_hash_distributed(relid);
+  TypeCacheEntry* type = lookup_type_cache(column->vartype, TYPECACHE_HASH_PROC_FINFO);
+  if (!OidIsValid(type->hash_proc_finfo.fn_oid))
+    ereport(ERROR, errcode(ERRCODE_UNDEFINED_FUNCTION),
+            errmsg("type %s has no hash function", format_type_be(column->vartype)));
+
+  // Under the caller's context until complete, so that an error frees it.
+  MemoryContext context = AllocSetContextCreate(CurrentMemoryContext, "idempotency citus routing",
+                                                ALLOCSET_SMALL_SIZES);
+  MemoryContext old = MemoryContextSwitchTo(context);
+  Entry fresh{};
+  fresh.relid = relid;
+  fresh.context = context;
+  fresh.colocation = colocation;
+  fresh.column_type = column->vartype;
+  fresh.column_collation = column->varcollid;
+  fmgr_info_copy(&fresh.hash, &type->hash_proc_finfo, context);
+  int capacity = 16;
+  fresh.shards = static_cast<Shard*>(palloc(sizeof(Shard) * capacity));
+  scan(catalog_relid("pg_dist_shard"), "pg_dist_shard_logical_relid_index", kShardLogicalRelid,
+       ObjectIdGetDatum(relid), false, [&](HeapTuple tuple, TupleDesc desc) {
+         bool min_null, max_null, isnull;
+         Datum min = heap_getattr(tuple, kShardMin, desc, &min_null);
+         Datum max = heap_getattr(tuple, kShardMax, desc, &max_null);
+         if (min_null || max_null) return;
+         if (fresh.nshards == capacity) {
+           capacity *= 2;
+           fresh.shards = static_cast<Shard*>(repalloc(fresh.shards, sizeof(Shard) * capacity));
+         }
+         Shard& shard = fresh.shards[fresh.nshards++];
+         shard.shardid = DatumGetInt64(heap_getattr(tuple, kShardId, desc, &isnull));
+         shard.min = pg_strtoint32(TextDatumGetCString(min));
+         shard.max = pg_strtoint32(TextDatumGetCString(max));
+         shard.group = -1;
+         shard.local = false;
+       });
+  std::sort(fresh.shards, fresh.shards + fresh.nshards,
+            [](const Shard& a, const Shard& b) { return a.min < b.min; });
+  int32 here = local_group();
+  Oid placement = catalog_relid("pg_dist_placement");
+  for (int i = 0; i < fresh.nshards; i++) {
+    Shard& shard = fresh.shards[i];
+    scan(placement, "pg_dist_placement_shardid_index", kPlacementShardId,
+         Int64GetDatum(shard.shardid), true, [&](HeapTuple tuple, TupleDesc desc) {
+           bool isnull;
+           int32 group = DatumGetInt32(heap_getattr(tuple, kPlacementGroup, desc, &isnull));
+           if (shard.group < 0 || group == here) shard.group = group;
+           if (group == here) shard.local = true;
+         });
+  }
+  MemoryContextSwitchTo(old);
+  MemoryContextSetParent(context, CacheMemoryContext);
+  fresh.valid = true;
+  if (entry->context != nullptr) MemoryContextDelete(entry->context);
+  *entry = fresh;
+}
+
+Entry* lookup(Oid relid) {
+  register_callback();
+  Entry* slot = nullptr;
+  for (Entry& entry : entries) {
+    if (entry.relid == relid) {
+      slot = &entry;
+      break;
+    }
+    if (slot == nullptr && (entry.relid == InvalidOid || !entry.valid)) slot = &entry;
+  }
+  if (slot == nullptr) slot = &entries[relid % kEntries];  // full: evict one
+  // Built again when an invalidation arrived while building (opening a catalog
+  // accepts invalidation messages).
+  for (int attempt = 0; !(slot->relid == relid && slot->valid); attempt++) {
+    uint64 before = invalidations;
+    build(slot, relid);
+    if (invalidations != before && attempt < 10) slot->valid = false;
+  }
+  return slot;
+}
+
+CitusRoute route_in(const Entry* entry, Datum value) {
+  int32 hash = DatumGetInt32(
+      FunctionCall1Coll(const_cast<FmgrInfo*>(&entry->hash), entry->column_collation, value));
+  int low = 0, high = entry->nshards - 1;
+  while (low <= high) {
+    int middle = low + (high - low) / 2;
+    const Shard& shard = entry->shards[middle];
+    if (hash < shard.min) {
+      high = middle - 1;
+    } else if (hash > shard.max) {
+      low = middle + 1;
+    } else {
+      return CitusRoute{shard.shardid, middle, entry->colocation, shard.group, shard.local};
+    }
+  }
+  ereport(ERROR, errcode(ERRCODE_DATA_EXCEPTION),
+          errmsg("no shard of \"%s\" holds hash value %d", get_rel_name(entry->relid), hash));
+}
+
+}  // namespace
+
+bool citus_table(Oid relid) {
+  Oid catalog = catalog_relid("pg_dist_partition");
+  if (!OidIsValid(catalog)) return false;  // Citus is not installed in this database
+  bool found = false;
+  scan(catalog, "pg_dist_partition_logical_relid_index", kPartitionLogicalRelid,
+       ObjectIdGetDatum(relid), false, [&found](HeapTuple, TupleDesc) { found = true; });
+  return found;
+}
+
+CitusRoute citus_route(Oid relid, Datum value, Oid value_type) {
+  const Entry* entry = lookup(relid);
+  if (value_type != entry->column_type)
+    ereport(ERROR, errcode(ERRCODE_DATATYPE_MISMATCH),
+            errmsg("the routing value is of type %s, the distribution column of \"%s\" of type %s",
+                   format_type_be(value_type), get_rel_name(relid),
+                   format_type_be(entry->column_type)));
+  return route_in(entry, value);
+}
+
+CitusRoute citus_lock_route(Oid relid, Datum value, Oid value_type) {
+  CitusRoute route = citus_route(relid, value, value_type);
+  for (int attempt = 0;; attempt++) {
+    LOCKTAG tag;
+    SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, static_cast<uint32>(route.shard_index),
+                         route.colocation, kColocatedShardsMetadataLockClass);
+    (void)LockAcquire(&tag, ShareLock, false, false);
+    // An advisory lock accepts no invalidations by itself (LockRelationOid does).
+    AcceptInvalidationMessages();
+    CitusRoute now = citus_route(relid, value, value_type);
+    // The same lock still covers it (a split renumbers the shards), or it is held
+    // already: then the metadata cannot change under us any more.
+    if ((now.shard_index == route.shard_index && now.colocation == route.colocation) ||
+        attempt >= 10)
+      return now;
+    route = now;
+  }
+}
+
+}  // namespace idempotency
+
+// A test hook, not part of the extension's SQL: 017_citus.pl creates it with
+//   CREATE FUNCTION idem_test_citus_route(regclass, anyelement, boolean) RETURNS text
+//     AS 'idempotency', 'idem_test_citus_route' LANGUAGE C STRICT;
+// and compares its answer ("shardid shard_index local") with Citus's own.
+static Datum test_citus_route(FunctionCallInfo fcinfo) {
+  Oid relid = PG_GETARG_OID(0);
+  Oid type = get_fn_expr_argtype(fcinfo->flinfo, 1);
+  idempotency::CitusRoute route =
+      PG_GETARG_BOOL(2) ? idempotency::citus_lock_route(relid, PG_GETARG_DATUM(1), type)
+                        : idempotency::citus_route(relid, PG_GETARG_DATUM(1), type);
+  PG_RETURN_TEXT_P(cstring_to_text(
+      psprintf(INT64_FORMAT " %d %s", route.shardid, route.shard_index, route.local ? "t" : "f")));
+}
+
+IDEM_SQL_FUNCTION(idem_test_citus_route, test_citus_route)

@@ -1,0 +1,46 @@
+// What the extension reads of Citus's metadata (docs/design-citus.md): Citus's catalog
+// tables, read with PostgreSQL's own catalog access. No Citus header, library or SQL
+// function is used, and where Citus is not installed in the database nothing is read.
+// References are to Citus 14.0.1's source.
+#pragma once
+
+#include "pg/common/postgres.hpp"
+
+namespace idempotency {
+
+// Whether `relid` is a Citus table on this node: a row of pg_catalog.pg_dist_partition
+// (include/distributed/pg_dist_partition.h:22-45, logicalrelid first), found through
+// its index on logicalrelid. False where that catalog does not exist.
+bool citus_table(Oid relid);
+
+// Where a value of a hash-distributed table's distribution column lives.
+struct CitusRoute {
+  int64 shardid;
+  int shard_index;    // its place among the table's shards sorted by hash range
+  uint32 colocation;  // the table's co-location group
+  int32 group;        // the group of (one of) its placements
+  bool local;         // a placement of it is on this node's group
+};
+
+// The shard of `value` (of type `value_type`, which must be the distribution column's)
+// in the hash-distributed Citus table `relid`: its hash by the type's standard hash
+// function and the column's collation, as Citus hashes it
+// (metadata/metadata_cache.c:1869-1878, utils/shardinterval_utils.c:260-269), then the
+// shard whose range holds it (binary search: ranges need not be uniform after a split).
+// From a per-backend cache of pg_dist_partition, pg_dist_shard, pg_dist_placement and
+// pg_dist_local_group, dropped on a relcache invalidation of the table (Citus sends one
+// for every change of its shards or placements: metadata_cache.c:3903, :3980, :5636),
+// of pg_dist_local_group or of pg_dist_node. No SQL, no catalog access on a hit.
+// ERROR 22023 unless `relid` is a hash-distributed Citus table; 42804 when
+// `value_type` is not the column's type.
+CitusRoute citus_route(Oid relid, Datum value, Oid value_type);
+
+// citus_route, ordered with shard moves, splits and the rebalancer as Citus orders its
+// own writes to the shard: a ShareLock, until the end of the transaction, on the
+// co-location group's shard metadata lock (utils/resource_lock.c:488-518,
+// include/distributed/resource_lock.h:44, :72-78), which they take in ExclusiveLock
+// before copying or catching up (operations/shard_transfer.c:1508-1545). Then a fresh
+// look at the metadata, since a move that held the lock has changed it by now.
+CitusRoute citus_lock_route(Oid relid, Datum value, Oid value_type);
+
+}  // namespace idempotency
