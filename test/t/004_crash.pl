@@ -25,8 +25,12 @@ $victim->query_safe(q{BEGIN});
 $victim->query_safe(q{SELECT idem_claim('crash', 'k1')});
 $victim->query_safe(q{INSERT INTO business VALUES ('k1', 1)});
 my $pid = $victim->query_safe(q{SELECT pg_backend_pid()});
+my $log_offset = -s $node->logfile;
 kill 'KILL', $pid;
 eval { $victim->quit };
+# The postmaster notices the death a moment later: until then a new connection may
+# still be taken, and then refused "in recovery mode". Wait for the restart itself.
+$node->wait_for_log(qr/all server processes terminated; reinitializing/, $log_offset);
 $node->poll_query_until('postgres', 'SELECT true') or die 'no recovery';
 is($node->safe_psql('postgres', q{SELECT count(*) FROM business}), '0',
 	'after crash recovery the business row is gone');
