@@ -24,6 +24,7 @@
 # a release not pinned here). Building needs root (Debian packages, the prefix);
 # using a Citus already installed does not.
 
+declare -F logged_step >/dev/null || . scripts/pg_versions.sh
 CITUS_CACHE=${CITUS_CACHE:-${PGV_CACHE:-/var/cache/idempotency-pg}/citus}
 # sha256 of each release's tarball as `git archive --prefix=citus-V/ vV | gzip -9` makes it.
 declare -A CITUS_PINNED_SHA256=(
@@ -142,20 +143,8 @@ citus_for() {
   echo "$version"
 }
 
-# _citus_step LOG NAME COMMAND...: one line per step; on failure the log's tail.
-_citus_step() {
-  local log=$1 name=$2 start=$SECONDS
-  shift 2
-  printf 'citus: %-32s' "$name" >&2
-  echo "== $name: $*" >>"$log"
-  if "$@" >>"$log" 2>&1; then
-    echo " ok ($((SECONDS - start)) s)" >&2
-  else
-    echo " FAILED; the end of $log:" >&2
-    tail -n 40 "$log" >&2
-    return 1
-  fi
-}
+# _citus_step LOG NAME COMMAND...: one line per step (pg_versions.sh's logged_step).
+_citus_step() { logged_step citus "$@"; }
 
 # _citus_deps: installs the Debian packages of CITUS_BUILD_DEPS that are missing.
 _citus_deps() {

@@ -108,11 +108,13 @@ Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg"
   fi
 }
 
-# _pgv_step LOG NAME COMMAND...: one line per step; on failure the log's tail.
-_pgv_step() {
-  local log=$1 name=$2 start=$SECONDS
-  shift 2
-  printf 'pg_versions: %-28s' "$name" >&2
+# logged_step TAG LOG NAME COMMAND...: runs COMMAND with its output in LOG, and prints
+# one line per step on stderr ("TAG: NAME ok (N s)"); on failure the log's tail.
+# scripts/citus.sh uses it too.
+logged_step() {
+  local tag=$1 log=$2 name=$3 start=$SECONDS
+  shift 3
+  printf '%s: %-*s' "$tag" $((39 - ${#tag})) "$name" >&2
   echo "== $name: $*" >>"$log"
   if "$@" >>"$log" 2>&1; then
     echo " ok ($((SECONDS - start)) s)" >&2
@@ -122,6 +124,8 @@ _pgv_step() {
     return 1
   fi
 }
+
+_pgv_step() { logged_step pg_versions "$@"; }
 
 # pg_prefix VERSION: prints the prefix of an installed PostgreSQL VERSION. Returns 2
 # when the archive does not serve its source (and no copy was placed by hand), 1 when
