@@ -253,8 +253,12 @@ const producers = {
     messageType: 'payment.created', payload,
   }, c),
 };
+// The extension's producer as one CALL: the same payment and idem_emit in a procedure
+// (emit_payment in setup.sql), which the library's client-side storage cannot be.
+const emitByCall = (c) => c.query('CALL emit_payment($1, $2)', [account(), amount]);
 const producerRun = (name, sessions, seconds = SECONDS) => measure((w, deadline, latencies, failures) =>
-  loop(deadline, latencies, failures, () => produce(sessions[w], producers[name])), { seconds });
+  loop(deadline, latencies, failures, () =>
+    name === 'extension (one CALL)' ? emitByCall(sessions[w]) : produce(sessions[w], producers[name])), { seconds });
 async function produceCount(name, sessions, total) {  // exactly `total` events, unmeasured
   let left = total;
   await Promise.all(sessions.map(async (c) => {
@@ -400,7 +404,8 @@ async function main() {
           record('payment', name, workload, sync, await paymentRun(name, workload, sessions, `${name}-${sync}-${round}`));
         }
       }
-      for (const name of round % 2 ? ['extension', 'library'] : ['library', 'extension']) {
+      const names = ['extension', 'library', 'extension (one CALL)'];
+      for (const name of names.map((_, i) => names[(i + round - 1) % names.length])) {
         record('messaging', name, 'producer', sync, await producerRun(name, sessions));
       }
     }
@@ -426,7 +431,15 @@ async function main() {
   }
   await admin.query('ALTER SYSTEM RESET synchronous_commit');
   await admin.query('SELECT pg_reload_conf()');
-  const markdown = tables();
+  const versions = (await admin.query(`SELECT current_setting('server_version') AS pg,
+    (SELECT extversion FROM pg_extension WHERE extname = 'idempotency') AS ext`)).rows[0];
+  const pkg = (name) => JSON.parse(fs.readFileSync(`${__dirname}/node_modules/${name}/package.json`, 'utf8')).version;
+  const markdown = `Measured ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC on ` +
+    `${require('node:os').cpus().length} cores, PostgreSQL ${versions.pg}, idempotency ${versions.ext}, ` +
+    `Node.js ${process.versions.node}, pg ${pkg('pg')}, @dbos-inc/dbos-sdk ${pkg('@dbos-inc/dbos-sdk')}, ` +
+    `@dbos-inc/knex-datasource ${pkg('@dbos-inc/knex-datasource')}, pg-transactional-outbox ` +
+    `${pkg('pg-transactional-outbox')}; CLIENTS=${CLIENTS} ROUNDS=${ROUNDS} SECONDS_PER_RUN=${SECONDS} ` +
+    `RELAY_EVENTS=${RELAY_EVENTS} RELAY_SECONDS=${RELAY_SECONDS}.\n\n` + tables();
   console.log(markdown);
   if (process.env.RESULTS) fs.writeFileSync(process.env.RESULTS, markdown + '\n');
   await Promise.all(sessions.map((c) => c.end()));

@@ -43,7 +43,7 @@ trap 'stop_cluster "$work/cluster"; rm -rf "$work"' EXIT
 
 REQUIRED_PACKAGES=(postgresql-15 postgresql-server-dev-15 libssl-dev g++ make nodejs)  # npm comes with nodejs
 ensure_packages
-(cd "$here" && npm ci --no-audit --no-fund --loglevel=error)
+(cd "$here" && npm ci --no-audit --no-fund --loglevel=error) >&2
 make -s clean PG_CONFIG="$PG_CONFIG" >/dev/null  # objects of another version's headers
 build_and_install
 

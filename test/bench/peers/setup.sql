@@ -18,6 +18,17 @@ BEGIN
   PERFORM idem_complete('payments', p_key, result);
 END $$;
 
+-- The extension's producer as one CALL: the payment and its event (aggregate = the
+-- account) in the caller's transaction.
+CREATE PROCEDURE emit_payment(p_account bigint, p_amount numeric)
+LANGUAGE plpgsql AS $$
+DECLARE result jsonb;
+BEGIN
+  INSERT INTO payments(account, amount) VALUES (p_account, p_amount)
+    RETURNING jsonb_build_object('payment_id', id, 'amount', amount) INTO result;
+  PERFORM idem_emit('payment.created', result, p_account::text);
+END $$;
+
 -- 2. The hand-written application-side table; the statements are sent by the client
 -- (bench.js, appTable).
 CREATE TABLE app_idempotency_keys (
