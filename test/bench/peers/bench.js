@@ -1,6 +1,7 @@
 // The driver of test/bench/peers/run.sh (read its header first). One Node.js process, one
 // client stack (the pg driver) for every contender. Environment: PGPORT, PGDATA (for the
-// postmaster's pid), CLIENTS, ROUNDS, SECONDS_PER_RUN, RELAY_EVENTS, RELAY_SECONDS, RESULTS.
+// postmaster's pid), CLIENTS, ROUNDS, SECONDS_PER_RUN, RELAY_EVENTS, RELAY_SECONDS, RESULTS,
+// SHOW_STATEMENTS (set: each run's statements per request from pg_stat_statements, to stderr).
 'use strict';
 const crypto = require('node:crypto');
 const fs = require('node:fs');
@@ -72,6 +73,14 @@ async function measure(work, { seconds = SECONDS, workers = CLIENTS } = {}) {
     `SELECT coalesce(sum(calls), 0) FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
       WHERE d.datname IN ('bench', 'dbos_sys') AND s.userid <> 'observer'::regrole`));
   const n = counts.reduce((a, b) => a + b, 0) || 1;
+  if (process.env.SHOW_STATEMENTS) {  // what the server ran per request, to stderr
+    const top = await admin.query(
+      `SELECT round(calls::numeric / $1, 2) AS per_request, left(regexp_replace(query, '\\s+', ' ', 'g'), 160) AS query
+         FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+        WHERE d.datname IN ('bench', 'dbos_sys') AND s.userid <> 'observer'::regrole
+        ORDER BY calls DESC LIMIT 25`, [n]);
+    for (const r of top.rows) console.error(`  ${r.per_request} × ${r.query}`);
+  }
   latencies.sort((a, b) => a - b);
   const pct = (p) => latencies[Math.min(latencies.length - 1, Math.floor(p * latencies.length))] ?? 0;
   return {
