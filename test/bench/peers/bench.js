@@ -417,24 +417,24 @@ async function main() {
       for (const name of names.map((_, i) => names[(i + round - 1) % names.length])) {
         record('messaging', name, 'producer', sync, await producerRun(name, sessions));
       }
-    }
-    // The relays, each on a backlog of exactly RELAY_EVENTS events of its own producer.
-    await admin.query('DELETE FROM idempotency.outbox');
-    await admin.query('TRUNCATE outbox');
-    await produceCount('extension', sessions, RELAY_EVENTS);
-    record('messaging', 'extension', 'relay (idem_outbox_claim 100 + idem_outbox_ack)', sync, await relays.extension());
-    await produceCount('library', sessions, RELAY_EVENTS);
-    record('messaging', 'library', 'relay: polling listener (batches of 100)', sync, await relays.libraryPolling());
-    await admin.query('TRUNCATE outbox');
-    await admin.query(`SELECT pg_create_logical_replication_slot('outbox_slot', 'pgoutput')`);
-    await produceCount('library', sessions, RELAY_EVENTS);
-    record('messaging', 'library', 'relay: logical replication listener', sync, await relays.libraryReplication());
-    for (let i = 0; i < 50; i++) {  // the listener's walsender may take a moment to end
-      try {
-        await admin.query(`SELECT pg_drop_replication_slot('outbox_slot')`);
-        break;
-      } catch {
-        await new Promise((r) => setTimeout(r, 200));
+      // The relays, each on a backlog of exactly RELAY_EVENTS events of its own producer.
+      await admin.query('DELETE FROM idempotency.outbox');
+      await admin.query('TRUNCATE outbox');
+      await produceCount('extension', sessions, RELAY_EVENTS);
+      record('messaging', 'extension', 'relay (idem_outbox_claim 100 + idem_outbox_ack)', sync, await relays.extension());
+      await produceCount('library', sessions, RELAY_EVENTS);
+      record('messaging', 'library', 'relay: polling listener (batches of 100)', sync, await relays.libraryPolling());
+      await admin.query('TRUNCATE outbox');
+      await admin.query(`SELECT pg_create_logical_replication_slot('outbox_slot', 'pgoutput')`);
+      await produceCount('library', sessions, RELAY_EVENTS);
+      record('messaging', 'library', 'relay: logical replication listener', sync, await relays.libraryReplication());
+      for (let i = 0; i < 50; i++) {  // the listener's walsender may take a moment to end
+        try {
+          await admin.query(`SELECT pg_drop_replication_slot('outbox_slot')`);
+          break;
+        } catch {
+          await new Promise((r) => setTimeout(r, 200));
+        }
       }
     }
   }
