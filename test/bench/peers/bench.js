@@ -113,7 +113,6 @@ const account = () => 1 + Math.floor(Math.random() * 1_000_000);
 const contenders = {
   // 1. The extension: one CALL.
   extension: {
-    clients: true,
     request: (c, key, acct) =>
       c.query('CALL create_payment($1::idem_key, $2, $3)', [key, acct, amount]).then((r) => r.rows[0].result),
   },
@@ -121,7 +120,6 @@ const contenders = {
   // transaction. A retry finds the key: its row locked until the first attempt ends,
   // then 'completed' with the stored response.
   appTable: {
-    clients: true,
     async request(c, key, acct) {
       const fingerprint = crypto.createHash('sha256').update(JSON.stringify({ account: acct, amount })).digest('hex');
       await c.query('BEGIN');
@@ -152,7 +150,7 @@ const contenders = {
   },
   // 3. DBOS Transact: a workflow whose id is the idempotency key, with one transaction
   // step (KnexDataSource, which records the step's output in the same transaction).
-  dbos: { clients: false, request: null /* set by startDbos */ },
+  dbos: { request: null /* set by startDbos */ },
 };
 
 async function startDbos() {
