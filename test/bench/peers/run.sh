@@ -7,7 +7,9 @@
 # It installs the npm packages pinned in package-lock.json here (npm ci), builds and
 # installs the extension into PostgreSQL 15, starts ONE throwaway cluster (as the
 # postgres OS user, in a temporary directory, on 127.0.0.1; pg_stat_statements and
-# idempotency preloaded; wal_level logical for the library's replication relay), and
+# idempotency preloaded; wal_level logical for the library's replication relay;
+# checkpoint_timeout 1h and max_wal_size 8GB, so that no checkpoint and its full-page
+# images fall inside a measured run), and
 # runs bench.js: one Node.js process, one client stack (the pg driver) for all. With
 # synchronous_commit off and then on, in interleaved rounds, CLIENTS connections each:
 #   payment request (claim, insert the payment, store the response), for fresh keys,
@@ -48,7 +50,7 @@ make -s clean PG_CONFIG="$PG_CONFIG" >/dev/null  # objects of another version's 
 build_and_install
 
 start_cluster_on_free_port "$work/cluster" "shared_preload_libraries = 'pg_stat_statements, idempotency'" \
-  "max_connections = 100" "shared_buffers = '512MB'" "max_wal_size = '4GB'" \
+  "max_connections = 100" "shared_buffers = '512MB'" "max_wal_size = '8GB'" "checkpoint_timeout = '1h'" \
   "wal_level = logical" "max_wal_senders = 4" "max_replication_slots = 4"
 port=$CLUSTER_PORT
 psql_() { runuser -u postgres -- psql -X -q -h 127.0.0.1 -p "$port" -v ON_ERROR_STOP=1 "$@"; }
