@@ -21,7 +21,7 @@ fi
 ROUNDS=${ROUNDS:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
 CLIENTS=${CLIENTS:-8}
-SCENARIOS=(bare floor floor_emit plpgsql ext_new ext_plain_emit ext_emit ext_replay ext_hot plpgsql_hot)
+SCENARIOS=(bare floor floor_ttl floor_emit plpgsql ext_new ext_plain_emit ext_emit ext_replay ext_hot plpgsql_hot)
 
 work=$(mktemp -d /tmp/idempotency-bench.XXXXXX)
 chmod 755 "$work"
@@ -70,12 +70,13 @@ done
 
 report=test/bench/results$suffix.md
 {
-  echo "| scenario | synchronous_commit | TPS median (min–max) | latency ms | × bare | × floor | × plpgsql | failed |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| scenario | synchronous_commit | TPS median (min–max) | latency ms | × bare | × floor | × floor_ttl | × plpgsql | failed |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   for sync in off on; do
     bare=$(awk 'NF { print $1 }' <<<"${results[$sync,bare]}" | median)
     plpgsql=$(awk 'NF { print $1 }' <<<"${results[$sync,plpgsql]}" | median)
     floor=$(awk 'NF { print $1 }' <<<"${results[$sync,floor]}" | median)
+    floor_ttl=$(awk 'NF { print $1 }' <<<"${results[$sync,floor_ttl]}" | median)
     for scenario in "${SCENARIOS[@]}"; do
       rows=${results[$sync,$scenario]}
       tps=$(awk 'NF { print $1 }' <<<"$rows" | median)
@@ -83,7 +84,7 @@ report=test/bench/results$suffix.md
       high=$(awk 'NF { print $1 }' <<<"$rows" | sort -n | tail -1)
       latency=$(awk 'NF { print $2 }' <<<"$rows" | median)
       failed=$(awk 'NF { s += $3 } END { print s + 0 }' <<<"$rows")
-      echo "| $scenario | $sync | $tps ($low–$high) | $latency | $(awk -v a="$tps" -v b="$bare" 'BEGIN { printf "%.2f", a / b }') | $(awk -v a="$tps" -v b="$floor" 'BEGIN { printf "%.2f", a / b }') | $(awk -v a="$tps" -v b="$plpgsql" 'BEGIN { printf "%.2f", a / b }') | $failed |"
+      echo "| $scenario | $sync | $tps ($low–$high) | $latency | $(awk -v a="$tps" -v b="$bare" 'BEGIN { printf "%.2f", a / b }') | $(awk -v a="$tps" -v b="$floor" 'BEGIN { printf "%.2f", a / b }') | $(awk -v a="$tps" -v b="$floor_ttl" 'BEGIN { printf "%.2f", a / b }') | $(awk -v a="$tps" -v b="$plpgsql" 'BEGIN { printf "%.2f", a / b }') | $failed |"
       echo "$sync $scenario $tps" >>"$work/chart.dat"
     done
   done
@@ -122,6 +123,10 @@ ratio_off() {
   awk -v a="$(awk 'NF { print $1 }' <<<"${results[off,$1]}" | median)" \
     -v b="$(awk 'NF { print $1 }' <<<"${results[off,$2]}" | median)" 'BEGIN { printf "%.2f", a / b }'
 }
+ratio_on() {
+  awk -v a="$(awk 'NF { print $1 }' <<<"${results[on,$1]}" | median)" \
+    -v b="$(awk 'NF { print $1 }' <<<"${results[on,$2]}" | median)" 'BEGIN { printf "%.2f", a / b }'
+}
 emit_ratio=$(ratio_off ext_emit ext_new)
 plain_emit_ratio=$(ratio_off ext_plain_emit ext_new)
 floor_emit_ratio=$(ratio_off floor_emit floor)
@@ -141,6 +146,7 @@ cpu_script() {  # procedure key_expression -> a psql script of 20,000 calls
   echo "\\echo :us"
 }
 cpu_script floor_payment "gen_random_uuid()::text" >"$work/cpu_floor.sql"
+cpu_script floor_ttl_payment "gen_random_uuid()::text" >"$work/cpu_floor_ttl.sql"
 cpu_script floor_payment_emit "gen_random_uuid()::text" >"$work/cpu_floor_emit.sql"
 cpu_script create_payment "gen_random_uuid()::idem_key" >"$work/cpu_ext_new.sql"
 cpu_script create_payment_emit "gen_random_uuid()::idem_key" >"$work/cpu_ext_emit.sql"
@@ -148,12 +154,12 @@ cpu_script create_payment_plain_emit "gen_random_uuid()::idem_key" >"$work/cpu_e
 chmod 644 "$work"/cpu_*.sql
 declare -A cpu_runs
 for run in 1 2 3; do
-  for scenario in floor floor_emit ext_new ext_plain_emit ext_emit; do
+  for scenario in floor floor_ttl floor_emit ext_new ext_plain_emit ext_emit; do
     cpu_runs[$scenario]+="$(psql_ -f "$work/cpu_$scenario.sql" | tail -1)"$'\n'
   done
 done
 declare -A cpu_us
-for scenario in floor floor_emit ext_new ext_plain_emit ext_emit; do
+for scenario in floor floor_ttl floor_emit ext_new ext_plain_emit ext_emit; do
   echo "CPU per transaction, $scenario (µs): $(tr '\n' ' ' <<<"${cpu_runs[$scenario]}")" >&2
   cpu_us[$scenario]=$(awk 'NF' <<<"${cpu_runs[$scenario]}" | median)
 done
@@ -278,7 +284,8 @@ response_bytes=$(runuser -u postgres -- psql -X -At -h 127.0.0.1 -p "$port" -d s
   echo "| ext_emit against ext_new (idem_emit with aggregate and event id in the transaction, synchronous_commit off) | ${emit_ratio}× |"
   echo "| ext_plain_emit against ext_new (one plain INSERT of an event row instead of idem_emit; synchronous_commit off) | ${plain_emit_ratio}× |"
   echo "| floor_emit against floor (one plain INSERT of an event row, no order, no id check; synchronous_commit off) | ${floor_emit_ratio}× |"
-  echo "| one session's CPU per transaction (median of 3 × 20,000): floor / floor_emit / ext_new / ext_plain_emit / ext_emit | ${cpu_us[floor]} / ${cpu_us[floor_emit]} / ${cpu_us[ext_new]} / ${cpu_us[ext_plain_emit]} / ${cpu_us[ext_emit]} µs |"
+  echo "| ext_new against floor_ttl (the floor plus the expiry index; synchronous_commit off / on) | $(ratio_off ext_new floor_ttl)× / $(ratio_on ext_new floor_ttl)× |"
+  echo "| one session's CPU per transaction (median of 3 × 20,000): floor / floor_ttl / floor_emit / ext_new / ext_plain_emit / ext_emit | ${cpu_us[floor]} / ${cpu_us[floor_ttl]} / ${cpu_us[floor_emit]} / ${cpu_us[ext_new]} / ${cpu_us[ext_plain_emit]} / ${cpu_us[ext_emit]} µs |"
   echo "| what idem_emit adds to ext_new's CPU; what a plain event row adds to ext_new's; and to the floor's | $(added ext_emit ext_new); $(added ext_plain_emit ext_new); $(added floor_emit floor) |"
   echo "| one hot aggregate, $CLIENTS clients emitting (synchronous_commit off) | $hot_tps TPS, $hot_failed failed |"
   echo "| relay, 200,000 events of 1,000 aggregates, 4 relays (claim 500, ack), then removal | $(awk -v c="$relay_claim_s" -v r="$relay_remove_s" 'BEGIN { printf "%.0f events/s (claim and ack %.1f s, removal %.1f s)", 200000 / (c + r), c, r }') |"

@@ -70,6 +70,27 @@ BEGIN
             result, now() + interval '24 hours');
 END $$;
 
+-- floor_ttl: the floor plus the expiry index that any key store which reaps expired
+-- keys needs (the extension's keys have one too): the business insert and ONE plain
+-- INSERT of the key's finished row into a table with its primary key (scope, key) and
+-- an index on expires_at. Against it, a new key's claim pays the look before the
+-- insert and the identity lock, not the index the reaper needs.
+CREATE TABLE floor_ttl_keys (
+  scope text NOT NULL, key text NOT NULL, fingerprint bytea NOT NULL, response jsonb,
+  expires_at timestamptz NOT NULL, PRIMARY KEY (scope, key));
+CREATE INDEX floor_ttl_keys_expires_at_idx ON floor_ttl_keys (expires_at);
+CREATE PROCEDURE floor_ttl_payment(p_key text, p_account bigint, p_amount numeric,
+                                   INOUT result jsonb DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO payments(account, amount) VALUES (p_account, p_amount)
+    RETURNING jsonb_build_object('payment_id', id, 'amount', amount) INTO result;
+  INSERT INTO floor_ttl_keys(scope, key, fingerprint, response, expires_at)
+    VALUES ('payments', p_key,
+            sha256(convert_to(jsonb_build_object('account', p_account, 'amount', p_amount)::text, 'UTF8')),
+            result, now() + interval '24 hours');
+END $$;
+
 -- 3-5. the extension: the README's procedure; in_progress returns instead of raising,
 -- so pgbench (which stops a client on an error) can run the hot-key case.
 CREATE PROCEDURE create_payment(p_key idem_key, p_account bigint, p_amount numeric,

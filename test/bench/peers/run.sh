@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# test/bench/peers: the extension side by side with what a team would use instead.
+# Not part of CI.
+#
+#   test/bench/peers/run.sh     # CLIENTS=8 ROUNDS=3 SECONDS_PER_RUN=10 RELAY_EVENTS=5000 RELAY_SECONDS=20
+#
+# It installs the npm packages pinned in package-lock.json here (npm ci), builds and
+# installs the extension into PostgreSQL 15, starts ONE throwaway cluster (as the
+# postgres OS user, in a temporary directory, on 127.0.0.1; pg_stat_statements and
+# idempotency preloaded; wal_level logical for the library's replication relay;
+# checkpoint_timeout 1h and max_wal_size 8GB, so that no checkpoint and its full-page
+# images fall inside a measured run), and
+# runs bench.js: one Node.js process, one client stack (the pg driver) for all. With
+# synchronous_commit off and then on, in interleaved rounds, CLIENTS connections each:
+#   payment request (claim, insert the payment, store the response), for fresh keys,
+#   replays, and 4-way concurrent duplicates of every key:
+#     extension  one CALL of create_payment (examples/create_payment.sql's procedure)
+#     appTable   a hand-written table: BEGIN; INSERT ... ON CONFLICT DO NOTHING;
+#                SELECT ... FOR UPDATE; the payment's INSERT; UPDATE of the response;
+#                COMMIT, each a statement from the client
+#     dbos       DBOS Transact: a workflow whose id is the key, one transaction step
+#                (KnexDataSource) inserting the payment
+#   messaging: the producer (BEGIN; the payment; its event; COMMIT) through idem_emit and
+#   through pg-transactional-outbox's storage, then one relay draining RELAY_EVENTS
+#   events: idem_outbox_claim/idem_outbox_ack against the library's polling listener
+#   and its logical-replication listener.
+# For each: requests/s, round trips per request (queries sent by the pg driver),
+# statements per request (pg_stat_statements), server CPU per request (utime + stime
+# of every process of the cluster from /proc), client CPU per request (the Node.js
+# process), WAL bytes per request (pg_current_wal_insert_lsn), p50 and p99 latency;
+# for duplicates the payments per key and how long a duplicate waits.
+# Prints Markdown tables and writes them to test/bench/peers/results-pg15.md.
+# docs/performance-peers.md says what each contender does and the caveats.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here/../../.."
+. scripts/lib.sh
+
+export CLIENTS=${CLIENTS:-8} ROUNDS=${ROUNDS:-3} SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
+export RELAY_EVENTS=${RELAY_EVENTS:-5000} RELAY_SECONDS=${RELAY_SECONDS:-20}
+
+work=$(mktemp -d /tmp/idempotency-peers.XXXXXX)
+chmod 755 "$work"
+trap 'stop_cluster "$work/cluster"; rm -rf "$work"' EXIT
+
+REQUIRED_PACKAGES=(postgresql-15 postgresql-server-dev-15 libssl-dev g++ make nodejs)  # npm comes with nodejs
+ensure_packages
+(cd "$here" && npm ci --no-audit --no-fund --loglevel=error) >&2
+make -s clean PG_CONFIG="$PG_CONFIG" >/dev/null  # objects of another version's headers
+build_and_install
+
+start_cluster_on_free_port "$work/cluster" "shared_preload_libraries = 'pg_stat_statements, idempotency'" \
+  "max_connections = 100" "shared_buffers = '512MB'" "max_wal_size = '8GB'" "checkpoint_timeout = '1h'" \
+  "wal_level = logical" "max_wal_senders = 4" "max_replication_slots = 4"
+port=$CLUSTER_PORT
+psql_() { runuser -u postgres -- psql -X -q -h 127.0.0.1 -p "$port" -v ON_ERROR_STOP=1 "$@"; }
+psql_ -d postgres -c "CREATE DATABASE bench" -c "CREATE ROLE observer SUPERUSER LOGIN"
+psql_ -d bench -c "CREATE EXTENSION pg_stat_statements" -f "$here/setup.sql"
+
+PGPORT=$port PGDATA="$work/cluster/data" RESULTS="$here/results-pg15.md" node "$here/bench.js"
