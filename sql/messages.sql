@@ -36,8 +36,13 @@ BEGIN
   PERFORM idem_complete('msg', k, '{}');
 END $$;
 \echo :LAST_ERROR_SQLSTATE
--- Other undefined functions keep PostgreSQL's own hint.
+-- Other undefined functions keep PostgreSQL's own hint: another function, and a text
+-- argument of an idem_ function that is not its key (idem_emit's payload is jsonb).
 SELECT no_such_function('k'::text);
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_emit('msg', '{}'::text);
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_derive('root'::text, 'step');
 \echo :LAST_ERROR_SQLSTATE
 -- The hinted form works.
 BEGIN;

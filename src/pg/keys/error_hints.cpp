@@ -12,14 +12,38 @@ namespace idempotency {
 
 static emit_log_hook_type previous_emit_log_hook = nullptr;
 
-// "function idem_claim(unknown, text) does not exist", the name qualified or not.
+// Whether the argument list at `argument` starts with a text or varchar argument.
+static bool is_text_type(const char* argument) {
+  for (const char* type : {"text", "character varying"}) {
+    size_t n = strlen(type);
+    if (strncmp(argument, type, n) == 0 && (argument[n] == ',' || argument[n] == ')')) return true;
+  }
+  return false;
+}
+
+// "function idem_claim(unknown, text) does not exist", the name qualified or not: a
+// function on one key whose key argument is text or varchar (and not, say, idem_emit
+// given a text payload).
 static bool is_key_passed_as_text(const ErrorData* error) {
+  static const struct {
+    const char* name;
+    int key_argument;
+  } kKeyFunctions[] = {{"idem_claim(", 1},   {"idem_complete(", 1},   {"idem_fail(", 1},
+                       {"idem_release(", 1}, {"idem_checkpoint(", 1}, {"idem_once(", 1},
+                       {"idem_forget(", 1},  {"idem_lookup(", 1},     {"idem_derive(", 0}};
   const char* message = error->message;
   if (message == nullptr || strncmp(message, "function ", 9) != 0) return false;
-  const char* open = strchr(message, '(');
-  const char* name = strstr(message, "idem_");
-  if (open == nullptr || name == nullptr || name > open) return false;
-  return strstr(open, "text") != nullptr || strstr(open, "character varying") != nullptr;
+  for (const auto& function : kKeyFunctions) {
+    const char* name = strstr(message, function.name);
+    if (name == nullptr || strchr(message, '(') != name + strlen(function.name) - 1) continue;
+    const char* argument = name + strlen(function.name);
+    for (int i = 0; i < function.key_argument && argument != nullptr; i++) {
+      argument = strstr(argument, ", ");
+      if (argument != nullptr) argument += 2;
+    }
+    return argument != nullptr && is_text_type(argument);
+  }
+  return false;
 }
 
 static void add_hints(ErrorData* error) {
