@@ -53,12 +53,12 @@ SELECT role, scope, key, state, attempt, response
 FROM idempotency.keys WHERE scope = 'shared-scope' ORDER BY role::text;
 
 -- Limiting who may add keys is a matter of EXECUTE grants.
-REVOKE EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval, "any") FROM PUBLIC;
 SET ROLE regress_idem_bob;
 SELECT outcome FROM idem_claim('shared-scope', 'k2');
 \echo :LAST_ERROR_SQLSTATE
 RESET ROLE;
-GRANT EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval, "any") TO PUBLIC;
 
 -- Clean up.
 SET ROLE regress_idem_alice;

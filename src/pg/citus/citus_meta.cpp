@@ -42,6 +42,9 @@ constexpr AttrNumber kShardMax = 6;
 constexpr AttrNumber kPlacementShardId = 2;  // pg_dist_placement
 constexpr AttrNumber kPlacementGroup = 5;
 constexpr AttrNumber kLocalGroupId = 1;  // pg_dist_local_group
+constexpr AttrNumber kNodeGroup = 2;     // pg_dist_node
+constexpr AttrNumber kNodeName = 3;
+constexpr AttrNumber kNodePort = 4;
 // The advisory lock class of a co-location group's shard metadata
 // (include/distributed/resource_lock.h:44).
 constexpr uint16 kColocatedShardsMetadataLockClass = 8;
@@ -285,6 +288,47 @@ CitusRoute citus_lock_route(Oid relid, Datum value, Oid value_type) {
       return now;
     route = now;
   }
+}
+
+Oid citus_column_type(Oid relid) { return lookup(relid)->column_type; }
+
+int citus_local_shards(Oid relid, int64** shardids) {
+  *shardids = nullptr;
+  if (!citus_table(relid)) return 0;
+  const Entry* entry = lookup(relid);
+  int64* local = static_cast<int64*>(palloc(sizeof(int64) * Max(entry->nshards, 1)));
+  int count = 0;
+  for (int i = 0; i < entry->nshards; i++)
+    if (entry->shards[i].local) local[count++] = entry->shards[i].shardid;
+  *shardids = local;
+  return count;
+}
+
+const char* citus_shard_node(int64 shardid) {
+  Oid placement = catalog_relid("pg_dist_placement");
+  Oid node = catalog_relid("pg_dist_node");
+  if (!OidIsValid(placement) || !OidIsValid(node)) return "another node";
+  int32 group = -1;
+  scan(placement, "pg_dist_placement_shardid_index", kPlacementShardId, Int64GetDatum(shardid),
+       true, [&](HeapTuple tuple, TupleDesc desc) {
+         bool isnull;
+         group = DatumGetInt32(heap_getattr(tuple, kPlacementGroup, desc, &isnull));
+       });
+  const char* where = "another node";
+  Relation rel = table_open(node, AccessShareLock);
+  SysScanDesc sscan = systable_beginscan(rel, InvalidOid, false, nullptr, 0, nullptr);
+  HeapTuple tuple;
+  while (HeapTupleIsValid(tuple = systable_getnext(sscan))) {
+    bool isnull;
+    TupleDesc desc = RelationGetDescr(rel);
+    if (DatumGetInt32(heap_getattr(tuple, kNodeGroup, desc, &isnull)) != group) continue;
+    where = psprintf("%s:%d", TextDatumGetCString(heap_getattr(tuple, kNodeName, desc, &isnull)),
+                     DatumGetInt32(heap_getattr(tuple, kNodePort, desc, &isnull)));
+    break;
+  }
+  systable_endscan(sscan);
+  table_close(rel, AccessShareLock);
+  return where;
 }
 
 }  // namespace idempotency

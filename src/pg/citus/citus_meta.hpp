@@ -43,4 +43,15 @@ CitusRoute citus_route(Oid relid, Datum value, Oid value_type);
 // look at the metadata, since a move that held the lock has changed it by now.
 CitusRoute citus_lock_route(Oid relid, Datum value, Oid value_type);
 
+// The type of a hash-distributed table's distribution column (from the same cache).
+Oid citus_column_type(Oid relid);
+
+// The shards of a hash-distributed table with a placement on this node, in the
+// current memory context; returns how many. None where `relid` is not distributed.
+int citus_local_shards(Oid relid, int64** shardids);
+
+// The address of the node holding `shardid` ("host:port"), for messages; "another node"
+// when unknown.
+const char* citus_shard_node(int64 shardid);
+
 }  // namespace idempotency

@@ -23,6 +23,7 @@ extern "C" {
 #define ERRCODE_IDEM_CLAIM_LOST MAKE_SQLSTATE('I', 'K', '0', '0', '3')
 #define ERRCODE_IDEM_NOT_CLAIMED MAKE_SQLSTATE('I', 'K', '0', '0', '4')
 #define ERRCODE_IDEM_IN_PROGRESS MAKE_SQLSTATE('I', 'K', '0', '0', '5')
+#define ERRCODE_IDEM_NOT_LOCAL MAKE_SQLSTATE('I', 'K', '0', '0', '6')
 
 namespace idempotency {
 

@@ -23,13 +23,13 @@ extern "C" {
 
 namespace idempotency {
 
-// The extension's own idem_key, in whichever schema CREATE EXTENSION put it: a name
-// compared with its schema would refuse every schema but one.
-static bool is_key_type(Oid type) {
+// The extension's own type `name` (idem_key, idem_role), in whichever schema CREATE
+// EXTENSION put it: a name compared with its schema would refuse every schema but one.
+static bool is_extension_type(Oid type, const char* name) {
   HeapTuple tuple = SearchSysCache1(TYPEOID, ObjectIdGetDatum(type));
   if (!HeapTupleIsValid(tuple)) return false;
   bool named =
-      strcmp(NameStr(reinterpret_cast<Form_pg_type>(GETSTRUCT(tuple))->typname), "idem_key") == 0;
+      strcmp(NameStr(reinterpret_cast<Form_pg_type>(GETSTRUCT(tuple))->typname), name) == 0;
   ReleaseSysCache(tuple);
   return named &&
          getExtensionOfObject(TypeRelationId, type) == get_extension_oid("idempotency", true);
@@ -51,7 +51,8 @@ void check_columns(Oid heap, const ColumnSpec* columns, int count) {
       problem = psprintf("Column %d was dropped; this library expects \"%s\".", i + 1, want.name);
       break;
     }
-    bool type_ok = OidIsValid(want.type) ? att->atttypid == want.type : is_key_type(att->atttypid);
+    bool type_ok = OidIsValid(want.type) ? att->atttypid == want.type
+                                       : is_extension_type(att->atttypid, want.extension_type);
     if (strcmp(NameStr(att->attname), want.name) != 0 || !type_ok)
       problem = psprintf("Column %d is \"%s\" of type %s; this library expects \"%s\".", i + 1,
                          NameStr(att->attname), format_type_be(att->atttypid), want.name);

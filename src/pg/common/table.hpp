@@ -19,10 +19,12 @@ extern "C" {
 
 namespace idempotency {
 
-// A column the library expects: its name and type (InvalidOid: idem_key).
+// A column the library expects: its name and type (InvalidOid: the extension's own
+// type named `extension_type`, idem_key unless given).
 struct ColumnSpec {
   const char* name;
   Oid type;
+  const char* extension_type = "idem_key";
 };
 
 // 55000 unless the table has exactly these columns, in this order: a library must

@@ -94,7 +94,7 @@ static int64 waited_us(const ClaimRequest& request) {
 // first attempt, its row not yet written.
 static KeyRow claim_not_yet_written() {
   KeyRow row;
-  for (int c = 1; c <= kKeysColumns; c++) row.clear(static_cast<KeysColumn>(c));
+  for (int c = 1; c <= kRowColumns; c++) row.clear(static_cast<KeysColumn>(c));
   row.set(kAttempt, Int32GetDatum(1));
   return row;
 }
@@ -125,7 +125,7 @@ static Step claim_step(ClaimAction action, const ClaimRequest& request, const Pr
 
 static Datum claim(FunctionCallInfo fcinfo) {
   ClaimRequest request;
-  request.id = identity_arguments(fcinfo);
+  request.id = identity_arguments(fcinfo, 6);
   std::optional<Fingerprint> fingerprint = fingerprint_argument(fcinfo, 2);
   request.started = GetCurrentTimestamp();
   Interval* ttl = ttl_argument(fcinfo, 3, request.started);
@@ -135,7 +135,7 @@ static Datum claim(FunctionCallInfo fcinfo) {
   request.in_transaction = lease == nullptr;
 
   KeyStore store;
-  store_open(&store, true);
+  store_open(&store, store_for_key(&request.id), true);
   ClaimAction action = ClaimAction::kInsert;
   Probe probe;
   Step step;
@@ -163,7 +163,7 @@ static Datum claim(FunctionCallInfo fcinfo) {
       return claim_result(fcinfo, Outcome::kInProgress, probe.row,
                           *probe.view.lease_expires_at - GetCurrentTimestamp());
     default:
-      remember_claim(request.id, !request.in_transaction);
+      remember_claim(request.id, !request.in_transaction, store.oids);
       return claim_result(fcinfo, Outcome::kClaimed, step.row, std::nullopt);
   }
 }
@@ -175,8 +175,11 @@ static Datum claim(FunctionCallInfo fcinfo) {
 // find their keys writes nothing and takes no transaction id, as any replay.
 static bool last_once_inserted = false;
 
-static Start once_start() {
-  return last_once_inserted && TransactionIdIsValid(GetTopTransactionIdIfAny())
+// Not in a shard of the distributed store, whose primary key also holds the route:
+// it would not stop a second row of the key with another route, which a look finds.
+static Start once_start(const KeyStore& store) {
+  return last_once_inserted && store.oids.shardid == 0 &&
+                 TransactionIdIsValid(GetTopTransactionIdIfAny())
              ? Start::kInsertFirst
              : Start::kLook;
 }
@@ -184,17 +187,17 @@ static Start once_start() {
 // Claims and completes in one write: a fresh key is inserted already completed.
 static Datum once(FunctionCallInfo fcinfo) {
   ClaimRequest request{};
-  request.id = identity_arguments(fcinfo);
+  request.id = identity_arguments(fcinfo, 4);
   request.started = GetCurrentTimestamp();
   Interval* ttl = ttl_argument(fcinfo, 2, request.started);
   request.deadline = wait_deadline(fcinfo, 3, request.started);
   PreventCommandIfReadOnly("idem_once()");
 
   KeyStore store;
-  store_open(&store, true);
+  store_open(&store, store_for_key(&request.id), true);
   Probe probe;
   Step step;
-  KeyLoop loop(&store, request.id, request.deadline, once_start());
+  KeyLoop loop(&store, request.id, request.deadline, once_start(store));
   while (loop.next(&probe)) {
     TimestampTz now = GetCurrentTimestamp();
     request.terms = claim_terms(std::nullopt, ttl, nullptr, now);

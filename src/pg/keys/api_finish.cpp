@@ -60,10 +60,10 @@ static Step finish_step(const FinishRequest& request, const Probe& probe, Timest
   return step;
 }
 
-static void finish(const FinishRequest& request, const char* function) {
+static void finish(FinishRequest& request, const char* function) {
   PreventCommandIfReadOnly(function);
   KeyStore store;
-  store_open(&store, true);
+  store_open(&store, store_for_key(&request.id), true);
   Probe probe;
   KeyLoop loop(&store, request.id, default_wait_deadline(GetCurrentTimestamp()),
                Start::kLookAbsentWaits);
@@ -73,9 +73,10 @@ static void finish(const FinishRequest& request, const char* function) {
   if (request.kind != Finish::kCheckpoint && is_own_open_claim(probe.view)) note_claim_finished();
 }
 
+// The attempt, then the route (1.3): the last two arguments.
 static FinishRequest finish_arguments(FunctionCallInfo fcinfo, Finish kind, int attempt_arg) {
-  return FinishRequest{identity_arguments(fcinfo), attempt_argument(fcinfo, attempt_arg), kind, 0,
-                       0};
+  return FinishRequest{identity_arguments(fcinfo, attempt_arg + 1),
+                       attempt_argument(fcinfo, attempt_arg), kind, 0, 0};
 }
 
 // A stored value argument (a response, an error or checkpoint data), size-checked.
@@ -98,7 +99,8 @@ static Datum complete_key(FunctionCallInfo fcinfo) {
 static Datum fail_key(FunctionCallInfo fcinfo) { return complete_or_fail(fcinfo, Finish::kFail); }
 
 static Datum release_key(FunctionCallInfo fcinfo) {
-  finish(finish_arguments(fcinfo, Finish::kRelease, 2), "idem_release()");
+  FinishRequest request = finish_arguments(fcinfo, Finish::kRelease, 2);
+  finish(request, "idem_release()");
   PG_RETURN_VOID();
 }
 
@@ -113,10 +115,10 @@ static Datum checkpoint_key(FunctionCallInfo fcinfo) {
 
 // Removes the key whatever its state; true if there was a live one.
 static Datum forget(FunctionCallInfo fcinfo) {
-  Identity id = identity_arguments(fcinfo);
+  Identity id = identity_arguments(fcinfo, 2);
   PreventCommandIfReadOnly("idem_forget()");
   KeyStore store;
-  store_open(&store, true);
+  store_open(&store, store_for_key(&id), true);
   Probe probe;
   Step step;
   KeyLoop loop(&store, id, default_wait_deadline(GetCurrentTimestamp()), Start::kLookAbsentWaits);

@@ -16,12 +16,12 @@ extern "C" {
 namespace idempotency {
 
 static Datum lookup(FunctionCallInfo fcinfo) {
-  Identity id = identity_arguments(fcinfo);
+  Identity id = identity_arguments(fcinfo, 2);
   InitMaterializedSRF(fcinfo, 0);
   ReturnSetInfo* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
 
   KeyStore store;
-  store_open(&store, false);
+  store_open(&store, store_for_key(&id), false);
   Probe probe;
   probe_key(&store, id, GetActiveSnapshot(), &probe);
   if (probe.found && is_live(probe.view, GetCurrentTimestamp())) {
@@ -89,15 +89,18 @@ static Datum abandoned(FunctionCallInfo fcinfo) {
   ReturnSetInfo* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
 
   AbandonedClaims found{scope, GetCurrentTimestamp(), CurrentMemoryContext, NIL};
-  KeyStore store;
-  store_open(&store, false);
-  if (!store_scan_leased(&store, GetActiveSnapshot(), GetUserId(), max_rows, collect_abandoned,
-                         &found)) {
-    store_scan_role(&store, GetActiveSnapshot(), GetUserId(), PG_INT64_MAX, collect_abandoned,
-                    &found);
-    list_sort(found.rows, oldest_first);
+  StoreOids* stores;
+  int nstores = local_stores(&stores);
+  for (int s = 0; s < nstores; s++) {  // this node's keys, and its shards' of routed_keys
+    KeyStore store;
+    store_open(&store, stores[s], false);
+    if (!store_scan_leased(&store, GetActiveSnapshot(), GetUserId(), max_rows, collect_abandoned,
+                           &found))
+      store_scan_role(&store, GetActiveSnapshot(), GetUserId(), PG_INT64_MAX, collect_abandoned,
+                      &found);
+    store_close(&store);
   }
-  store_close(&store);
+  list_sort(found.rows, oldest_first);
 
   for (int i = 0; i < list_length(found.rows) && i < max_rows; i++) {
     const KeyRow& row = *static_cast<KeyRow*>(list_nth(found.rows, i));

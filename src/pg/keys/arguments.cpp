@@ -30,11 +30,19 @@ text* name_argument(FunctionCallInfo fcinfo, int n, const char* name) {
   return value;
 }
 
-Identity identity_arguments(FunctionCallInfo fcinfo) {
+Identity identity_arguments(FunctionCallInfo fcinfo, int route_arg) {
   require_argument(fcinfo, 0, "scope");
   require_argument(fcinfo, 1, "key");
   text* scope = name_argument(fcinfo, 0, "scope");
-  return Identity{GetUserId(), scope, PG_GETARG_VARLENA_PP(1)};
+  Identity id{GetUserId(), scope, PG_GETARG_VARLENA_PP(1), Route{}};
+  if (PG_NARGS() > route_arg && !PG_ARGISNULL(route_arg)) {  // absent before 1.3
+    id.route.type = get_fn_expr_argtype(fcinfo->flinfo, route_arg);
+    if (!OidIsValid(id.route.type))
+      ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+              errmsg("could not determine the type of the routing value"));
+    id.route.value = PG_GETARG_DATUM(route_arg);
+  }
+  return id;
 }
 
 int32 max_rows_argument(FunctionCallInfo fcinfo, int n) {

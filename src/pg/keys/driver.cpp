@@ -13,18 +13,27 @@ extern "C" {
 
 namespace idempotency {
 
+// A key is one (role, scope, key): stored with one route, it is not another route's.
+[[noreturn]] static void raise_other_route(const Identity& id) {
+  ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+          errmsg("idempotency key \"%s\" in scope \"%s\" is stored with another routing value",
+                 key_cstring(id.key), text_to_cstring(id.scope)),
+          errhint("Pass the routing value the key was first claimed with, or use another key."));
+}
+
 void probe_key(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* probe) {
   const KeyRow* row = unwritten_claim(id);
   if (row == nullptr) {
     store_probe(store, id, snapshot, probe);
     probe->view.claimed_by_this_transaction = probe->found && claimed_here(*probe, id);
-    return;
+  } else {
+    *probe = Probe{};
+    probe->found = probe->unwritten = true;
+    probe->row = *row;
+    read_row(*row, &probe->view);
+    probe->view.claimed_by_this_transaction = true;
   }
-  *probe = Probe{};
-  probe->found = probe->unwritten = true;
-  probe->row = *row;
-  read_row(*row, &probe->view);
-  probe->view.claimed_by_this_transaction = true;
+  if (probe->found && !same_route(probe->row, id.route)) raise_other_route(id);
 }
 
 const IdentityLock& CallLock::get() {

@@ -34,7 +34,9 @@ int16 reap_slot(const Identity& id) {
 
 KeyRow identity_row(const Identity& id) {
   KeyRow row;
-  for (int c = 1; c <= kKeysColumns; c++) row.clear(static_cast<KeysColumn>(c));
+  for (int c = 1; c <= kRowColumns; c++) row.clear(static_cast<KeysColumn>(c));
+  row.route_type = id.route;
+  if (id.route.given()) row.set(kRoute, id.route.value);
   row.set(kRole, ObjectIdGetDatum(id.role));
   row.set(kScope, PointerGetDatum(id.scope));
   row.set(kKey, PointerGetDatum(id.key));
@@ -43,8 +45,16 @@ KeyRow identity_row(const Identity& id) {
 }
 
 Identity row_identity(const KeyRow& row) {
+  Route route = row.route_type;
+  route.value = row.null(kRoute) ? 0 : row.get(kRoute);
+  if (row.null(kRoute)) route.type = InvalidOid;
   return Identity{DatumGetObjectId(row.get(kRole)), DatumGetTextPP(row.get(kScope)),
-                  reinterpret_cast<struct varlena*>(DatumGetPointer(row.get(kKey)))};
+                  reinterpret_cast<struct varlena*>(DatumGetPointer(row.get(kKey))), route};
+}
+
+bool same_route(const KeyRow& row, const Route& route) {
+  if (row.null(kRoute) || !route.given()) return true;
+  return datumIsEqual(row.get(kRoute), route.value, route.byval, route.length);
 }
 
 static Opaque opaque_or_null(const KeyRow& row, KeysColumn c) {
@@ -104,6 +114,12 @@ KeyRow* copy_row_into(const KeyRow& row, MemoryContext context) {
     copy->values[i] =
         row.isnull[i] ? 0 : datumCopy(row.values[i], kKeyColumns[i].byval, kKeyColumns[i].length);
   }
+  copy->route_type = row.route_type;
+  copy->isnull[kRoute - 1] = row.null(kRoute);
+  copy->values[kRoute - 1] =
+      row.null(kRoute)
+          ? 0
+          : datumCopy(row.get(kRoute), row.route_type.byval, row.route_type.length);
   MemoryContextSwitchTo(caller);
   return copy;
 }

@@ -30,8 +30,10 @@ enum KeysColumn {
   kLeaseExpiresAt,
   kState,
   kResponse,
+  kRoute,  // idempotency.routed_keys only: the key's routing value (Citus)
 };
-constexpr int kKeysColumns = kResponse;
+constexpr int kKeysColumns = kResponse;  // idempotency.keys
+constexpr int kRowColumns = kRoute;      // idempotency.routed_keys: the same and the route
 
 // What the library expects of each column (the store checks the table against it).
 struct KeyColumn {
@@ -42,17 +44,32 @@ struct KeyColumn {
 };
 extern const KeyColumn kKeyColumns[kKeysColumns];
 
-// (role, scope, key): who owns a key and what it is.
+// A key's routing value in a distributed store: a value of the business table's
+// distribution-column type (docs/design-citus.md). `type` InvalidOid: none given.
+struct Route {
+  Datum value;
+  Oid type;
+  int16 length;
+  bool byval;
+
+  bool given() const { return OidIsValid(type); }
+};
+
+// (role, scope, key): who owns a key and what it is; with a distributed store, also
+// where it lives (the route is not part of its identity: one key, one route).
 struct Identity {
   Oid role;
   text* scope;
   struct varlena* key;
+  Route route;
 };
 
-// One row of idempotency.keys as plain datums, indexed by KeysColumn - 1.
+// One row of idempotency.keys (or routed_keys) as plain datums, indexed by
+// KeysColumn - 1; the route is NULL in a row of idempotency.keys.
 struct KeyRow {
-  Datum values[kKeysColumns];
-  bool isnull[kKeysColumns];
+  Datum values[kRowColumns];
+  bool isnull[kRowColumns];
+  Route route_type;  // how to copy the route (its value unused)
 
   Datum get(KeysColumn c) const { return values[c - 1]; }
   bool null(KeysColumn c) const { return isnull[c - 1]; }
@@ -60,7 +77,7 @@ struct KeyRow {
   void clear(KeysColumn c) { values[c - 1] = 0, isnull[c - 1] = true; }
 };
 
-// The row of a new key: its identity and reap slot; every other column NULL.
+// The row of a new key: its identity, route and reap slot; every other column NULL.
 KeyRow identity_row(const Identity& id);
 // The identity a row belongs to (pointing into the row's values).
 Identity row_identity(const KeyRow& row);
@@ -70,6 +87,8 @@ void read_row(const KeyRow& row, StoredRow* view);
 void write_row(const StoredRow& next, KeyRow* row);
 // A copy of `row` whose values live in `context`.
 KeyRow* copy_row_into(const KeyRow& row, MemoryContext context);
+// Whether the row's route is `route` (a row without one has no other route).
+bool same_route(const KeyRow& row, const Route& route);
 
 // Kept on the glue's stack across calls that can ereport: no destructor to skip.
 static_assert(std::is_trivially_destructible_v<KeyRow>);

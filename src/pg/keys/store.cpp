@@ -41,20 +41,26 @@ namespace idempotency {
 
 void copy_slot_row(TupleTableSlot* slot, KeyRow* row) {
   slot_getallattrs(slot);
-  for (int i = 0; i < kKeysColumns; i++) {
+  int natts = slot->tts_tupleDescriptor->natts;
+  for (int i = 0; i < natts; i++) {
+    Form_pg_attribute att = TupleDescAttr(slot->tts_tupleDescriptor, i);
     row->isnull[i] = slot->tts_isnull[i];
-    row->values[i] = row->isnull[i] ? 0
-                                    : datumCopy(slot->tts_values[i], kKeyColumns[i].byval,
-                                                kKeyColumns[i].length);
+    row->values[i] =
+        row->isnull[i] ? 0 : datumCopy(slot->tts_values[i], att->attbyval, att->attlen);
+  }
+  row->route_type = Route{};
+  if (natts < kRowColumns) {
+    row->clear(kRoute);
+  } else {
+    Form_pg_attribute att = TupleDescAttr(slot->tts_tupleDescriptor, kRoute - 1);
+    row->route_type = Route{0, att->atttypid, att->attlen, att->attbyval};
   }
 }
 
-void store_open(KeyStore* store, bool for_write) {
-  // A copy: opening the table accepts invalidation messages (ANALYZE, VACUUM and
-  // autovacuum send them), and forget_oids then clears the cache under a reference.
-  const StoreOids oids = store_oids();
+void store_open(KeyStore* store, const StoreOids& oids, bool for_write) {
   LOCKMODE mode = for_write ? RowExclusiveLock : AccessShareLock;
   *store = KeyStore{};
+  store->oids = oids;
   store->context = CurrentMemoryContext;
   store->heap = open_for_transaction(oids.heap, mode);
   store->index = open_for_transaction(oids.index, mode);  // follows a REINDEX CONCURRENTLY
@@ -68,11 +74,11 @@ void store_close(KeyStore* store) {
   if (store->wrote) CommandCounterIncrement();
 }
 
-static void init_identity_scankeys(const Identity& id, ScanKeyData keys[3]) {
+static void init_identity_scankeys(const Identity& id, RegProcedure key_eq, ScanKeyData keys[3]) {
   ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(id.role));
   ScanKeyEntryInitialize(&keys[1], 0, 2, BTEqualStrategyNumber, InvalidOid, C_COLLATION_OID,
                          F_TEXTEQ, PointerGetDatum(id.scope));
-  ScanKeyInit(&keys[2], 3, BTEqualStrategyNumber, store_oids().key_eq, PointerGetDatum(id.key));
+  ScanKeyInit(&keys[2], 3, BTEqualStrategyNumber, key_eq, PointerGetDatum(id.key));
 }
 
 void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* probe) {
@@ -80,7 +86,7 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
   bool dirty_read = snapshot == nullptr;
   if (dirty_read) InitDirtySnapshot(dirty);
   ScanKeyData keys[3];
-  init_identity_scankeys(id, keys);
+  init_identity_scankeys(id, store->oids.key_eq, keys);
 
   *probe = Probe{};
   // A dirty read scans every version and judges each itself, so that it can follow
@@ -140,8 +146,9 @@ static TupleTableSlot* store_row_in_slot(KeyStore* store, const KeyRow* row) {
   }
   TupleTableSlot* slot = store->write_slot;
   ExecClearTuple(slot);
-  memcpy(slot->tts_values, row->values, sizeof(row->values));
-  memcpy(slot->tts_isnull, row->isnull, sizeof(row->isnull));
+  int natts = slot->tts_tupleDescriptor->natts;  // with or without the route
+  memcpy(slot->tts_values, row->values, natts * sizeof(Datum));
+  memcpy(slot->tts_isnull, row->isnull, natts * sizeof(bool));
   ExecStoreVirtualTuple(slot);
   return slot;
 }

@@ -24,6 +24,7 @@ namespace idempotency {
 // transaction). Executor state for writes is made on the first write, so a replay
 // opens no more than the index it reads.
 struct KeyStore {
+  StoreOids oids;         // idempotency.keys, or one local shard of routed_keys
   MemoryContext context;  // the opener's: what is made lazily lives as long as the store
   Relation heap;
   Relation index;
@@ -45,8 +46,9 @@ struct Probe {
 
 static_assert(std::is_trivially_destructible_v<KeyStore>);
 
-// Opens the store for reading (idem_lookup) or writing.
-void store_open(KeyStore* store, bool for_write);
+// Opens the store `oids` names (store_for_key, local_stores) for reading
+// (idem_lookup) or writing.
+void store_open(KeyStore* store, const StoreOids& oids, bool for_write);
 // Closes it; after writes, makes them visible to the rest of the transaction.
 void store_close(KeyStore* store);
 

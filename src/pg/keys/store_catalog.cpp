@@ -4,6 +4,7 @@
 #include "pg/keys/store_catalog.hpp"
 #include "pg/common/open_relations.hpp"
 #include "pg/citus/citus_meta.hpp"
+#include "pg/common/errors.hpp"
 
 #include "pg/common/table.hpp"
 
@@ -12,32 +13,69 @@ extern "C" {
 #include "access/heapam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
+#include "catalog/pg_type.h"
+#include "parser/parse_coerce.h"
+#include "utils/builtins.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "utils/snapmgr.h"
 }
 
 namespace idempotency {
 
 static StoreOids cached_oids;
+static Oid cached_distributed;  // idempotency.routed_keys, looked up with cached_oids
+
+// The local shards of routed_keys met so far, by shard id.
+constexpr int kShardsCached = 64;
+static StoreOids cached_shards[kShardsCached];
+static int shards_cached;
+
+static bool is_store_relation(const StoreOids& oids, Oid relid) {
+  return relid == oids.heap || relid == oids.index || relid == oids.expires_index ||
+         relid == oids.lease_index || relid == oids.leased_index || relid == oids.secret;
+}
 
 // The identity locks' hash key, read once per backend after the OIDs.
 static LockSecret cached_secret;
 static bool secret_loaded;
 
+// Any invalidation while the store is not distributed, since the creation of
+// routed_keys (on a worker, by Citus) invalidates only routed_keys itself.
 static void forget_oids(Datum, Oid relid) {
-  if (relid == InvalidOid || relid == cached_oids.heap || relid == cached_oids.index ||
-      relid == cached_oids.expires_index || relid == cached_oids.lease_index ||
-      relid == cached_oids.leased_index || relid == cached_oids.secret) {
+  bool all = relid == InvalidOid || relid == cached_distributed || !OidIsValid(cached_distributed);
+  if (all || is_store_relation(cached_oids, relid)) {
     cached_oids = StoreOids{};
+    cached_distributed = InvalidOid;
     secret_loaded = false;
   }
+  for (int i = shards_cached - 1; i >= 0; i--)
+    if (all || is_store_relation(cached_shards[i], relid))
+      cached_shards[i] = cached_shards[--shards_cached];
 }
 
-static void check_layout(Oid heap) {
-  ColumnSpec columns[kKeysColumns];
+// idempotency.keys' columns, and for routed_keys the route after them.
+static void check_layout(Oid heap, Oid route_type) {
+  ColumnSpec columns[kRowColumns];
   for (int i = 0; i < kKeysColumns; i++) columns[i] = {kKeyColumns[i].name, kKeyColumns[i].type};
-  check_columns(heap, columns, kKeysColumns);
+  columns[kRoute - 1] = {"route", route_type};
+  if (OidIsValid(route_type)) columns[kRole - 1] = {"role", InvalidOid, "idem_role"};
+  check_columns(heap, columns, OidIsValid(route_type) ? kRowColumns : kKeysColumns);
+}
+
+// The key column's equality function, as the primary key's operator family defines
+// it; *index becomes the index now of that name (REINDEX CONCURRENTLY).
+static RegProcedure key_equality(Oid* index) {
+  Oid opened;
+  Relation index_rel = open_current(*index, AccessShareLock, &opened);
+  *index = opened;
+  const int key_column = 2;  // 0-based in the index (role, scope, key[, route])
+  Oid opfamily = index_rel->rd_opfamily[key_column];
+  Oid keytype = index_rel->rd_opcintype[key_column];
+  index_close(index_rel, AccessShareLock);
+  Oid eq = get_opfamily_member(opfamily, keytype, keytype, BTEqualStrategyNumber);
+  return get_opcode(eq);
 }
 
 const StoreOids& store_oids() {
@@ -60,7 +98,7 @@ const StoreOids& store_oids() {
     ereport(ERROR, errcode(ERRCODE_UNDEFINED_TABLE),
             errmsg("the idempotency key store does not exist in this database"),
             errhint("Run CREATE EXTENSION idempotency."));
-  check_layout(oids.heap);
+  check_layout(oids.heap, InvalidOid);
   // Distributed with Citus by hand (create_distributed_table): this table is then a
   // shell on the coordinator, or one node's copy, and a key written here would be where
   // a retry routed by Citus does not look. Refused until the distributed store of
@@ -76,18 +114,130 @@ const StoreOids& store_oids() {
                     "ALTER EXTENSION idempotency DROP TABLE idempotency.keys; "
                     "SELECT undistribute_table('idempotency.keys'); "
                     "ALTER EXTENSION idempotency ADD TABLE idempotency.keys;"));
-  // The key column's equality function, as the index's operator family defines it.
-  Oid opened;  // the index now of that name (REINDEX CONCURRENTLY)
-  Relation index_rel = open_current(oids.index, AccessShareLock, &opened);
-  oids.index = opened;
-  const int key_column = 2;  // 0-based in the index (role, scope, key)
-  Oid opfamily = index_rel->rd_opfamily[key_column];
-  Oid keytype = index_rel->rd_opcintype[key_column];
-  index_close(index_rel, AccessShareLock);
-  Oid eq = get_opfamily_member(opfamily, keytype, keytype, BTEqualStrategyNumber);
-  oids.key_eq = get_opcode(eq);
+  oids.key_eq = key_equality(&oids.index);
+  Oid distributed = relation("routed_keys");
   cached_oids = oids;
+  cached_distributed = distributed;
   return cached_oids;
+}
+
+Oid distributed_store() {
+  (void)store_oids();
+  return cached_distributed;
+}
+
+// The relations of routed_keys' shard `shardid`, named as Citus names them
+// (relay/relay_event_utility.c AppendShardIdToName: the name, "_", the shard id).
+static StoreOids shard_oids(int64 shardid, Oid route_type) {
+  for (int i = 0; i < shards_cached; i++)
+    if (cached_shards[i].shardid == shardid) return cached_shards[i];
+  // Remembered by name for open_current, so kept for the session.
+  auto name = [shardid](const char* base) {
+    return static_cast<const char*>(
+        MemoryContextStrdup(TopMemoryContext, psprintf("%s_" INT64_FORMAT, base, shardid)));
+  };
+  StoreOids oids{extension_relation(name("routed_keys")),
+                 extension_relation(name("routed_keys_pkey")),
+                 extension_relation(name("routed_keys_expires_at_idx")),
+                 extension_relation(name("routed_keys_lease_expires_at_idx")),
+                 extension_relation(name("routed_keys_leased_idx")),
+                 store_oids().secret,
+                 InvalidOid,
+                 shardid};
+  if (!OidIsValid(oids.heap) || !OidIsValid(oids.index) || !OidIsValid(oids.expires_index) ||
+      !OidIsValid(oids.lease_index) || !OidIsValid(oids.leased_index))
+    ereport(ERROR, errcode(ERRCODE_IDEM_NOT_LOCAL),
+            errmsg("shard " INT64_FORMAT " of the key store is placed on this node but its "
+                   "table is not here",
+                   shardid),
+            errhint("Check the shard's placement with citus_shards."));
+  check_layout(oids.heap, route_type);
+  oids.key_eq = key_equality(&oids.index);
+  if (shards_cached == kShardsCached) shards_cached--;  // full: replace the last
+  cached_shards[shards_cached++] = oids;
+  return oids;
+}
+
+// The route as a value of the distribution column's type, as an implicit cast (or a
+// literal's input function) would make it.
+static void coerce_route(Route* route, Oid want) {
+  if (route->type != want) {
+    Oid function;
+    CoercionPathType path =
+        route->type == UNKNOWNOID
+            ? COERCION_PATH_COERCEVIAIO
+            : find_coercion_pathway(want, route->type, COERCION_IMPLICIT, &function);
+    switch (path) {
+      case COERCION_PATH_RELABELTYPE: break;
+      case COERCION_PATH_FUNC: route->value = OidFunctionCall1(function, route->value); break;
+      case COERCION_PATH_COERCEVIAIO:
+        if (route->type == UNKNOWNOID) {
+          Oid input, param;
+          getTypeInputInfo(want, &input, &param);
+          route->value =
+              OidInputFunctionCall(input, DatumGetCString(route->value), param, -1);
+          break;
+        }
+        [[fallthrough]];
+      default:
+        ereport(ERROR, errcode(ERRCODE_DATATYPE_MISMATCH),
+                errmsg("the routing value is of type %s, the key store's route of type %s",
+                       format_type_be(route->type), format_type_be(want)),
+                errhint("Pass the business table's distribution value, or cast it: route => "
+                        "value::%s.",
+                        format_type_be(want)));
+    }
+  }
+  route->type = want;
+  get_typlenbyval(want, &route->length, &route->byval);
+}
+
+StoreOids store_for_key(Identity* id) {
+  const StoreOids local = store_oids();
+  Oid distributed = cached_distributed;
+  if (!OidIsValid(distributed)) {
+    if (id->route.given())
+      ereport(ERROR, errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+              errmsg("the key store is not distributed, so a key takes no routing value"),
+              errhint("Distribute it with idem_distribute(business table) on the Citus "
+                      "coordinator, or call without route."));
+    return local;
+  }
+  if (!id->route.given())
+    ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+            errmsg("the key store is distributed: a key needs its routing value"),
+            errhint("Pass the business row's distribution value: route => ..."));
+  if (!citus_table(distributed))
+    ereport(ERROR, errcode(ERRCODE_IDEM_NOT_LOCAL),
+            errmsg("this node has no Citus metadata for the distributed key store"),
+            errhint("Call on the coordinator or on a worker with Citus metadata "
+                    "(citus_add_node syncs it)."));
+  Oid want = citus_column_type(distributed);
+  coerce_route(&id->route, want);
+  CitusRoute route = citus_lock_route(distributed, id->route.value, want);
+  if (!route.local)
+    ereport(ERROR, errcode(ERRCODE_IDEM_NOT_LOCAL),
+            errmsg("the key's shard " INT64_FORMAT " of the key store is on %s, not on this node",
+                   route.shardid, citus_shard_node(route.shardid)),
+            errdetail("A key is stored in the shard of its routing value, beside the business "
+                      "rows of that value, and only where that shard is."),
+            errhint("Call the procedure outside a transaction block, distributed with "
+                    "create_distributed_function(..., distribution_arg_name => its routing "
+                    "argument, colocate_with => the business table), so that Citus runs it on "
+                    "the shard's node; after a shard move, retry."));
+  return shard_oids(route.shardid, want);
+}
+
+int local_stores(StoreOids** stores) {
+  const StoreOids local = store_oids();
+  Oid distributed = cached_distributed;
+  int64* shardids = nullptr;
+  int nshards = OidIsValid(distributed) ? citus_local_shards(distributed, &shardids) : 0;
+  *stores = static_cast<StoreOids*>(palloc(sizeof(StoreOids) * (nshards + 1)));
+  (*stores)[0] = local;
+  for (int i = 0; i < nshards; i++)
+    (*stores)[i + 1] = shard_oids(shardids[i], citus_column_type(distributed));
+  return nshards + 1;
 }
 
 LockSecret store_lock_secret() {

@@ -10,20 +10,42 @@ extern "C" {
 
 namespace idempotency {
 
+// A key store's table and indexes: idempotency.keys, or one shard (on this node) of
+// idempotency.routed_keys, the distributed store (docs/design-citus.md), whose
+// relations are named as Citus names a shard's: routed_keys_<shardid>, ...
 struct StoreOids {
   Oid heap;
-  Oid index;          // keys_pkey (role, scope, key)
+  Oid index;          // keys_pkey (role, scope, key[, route])
   Oid expires_index;  // keys_expires_at_idx (reap_slot, expires_at)
   Oid lease_index;    // keys_lease_expires_at_idx, partial: leased rows only
   Oid leased_index;   // keys_leased_idx (role, first_claimed_at), partial: lease claims (1.1)
   Oid secret;         // idempotency.lock_secret (1.1)
   RegProcedure key_eq;
+  int64 shardid;      // 0: idempotency.keys
 };
 
-// Looked up on first use (checking the table's columns) and kept until a relcache
-// invalidation of any of them. Opening a relation accepts invalidations: copy what
-// you need before.
+// idempotency.keys' OIDs, looked up on first use (checking the table's columns) and
+// kept until a relcache invalidation of any of them. Opening a relation accepts
+// invalidations: copy what you need before.
 const StoreOids& store_oids();
+
+// The distributed store, idempotency.routed_keys, or InvalidOid when the store is not
+// distributed (idem_distribute makes it). Cached with store_oids; a cached "none" is
+// forgotten on any relcache invalidation, so that the table's creation is noticed.
+Oid distributed_store();
+
+// The store a call on key `id` reads and writes, and the route's type filled in:
+// - not distributed: idempotency.keys (a route given: 55000);
+// - distributed: the shard of routed_keys that holds id.route, when it is on this
+//   node, locked against moves as Citus locks its own writes to it (citus_lock_route);
+//   no route given: 22023; a route of another type: coerced as an implicit cast
+//   would, else 42804; the shard on another node: IK006. Never idempotency.keys.
+StoreOids store_for_key(Identity* id);
+
+// Every store on this node that holds keys, for scans (the reaper, idem_reap,
+// idem_stats, idem_abandoned): idempotency.keys, then routed_keys' local shards.
+// In the current memory context; returns how many.
+int local_stores(StoreOids** stores);
 
 // The key of the identity locks' hash, generated at install (idempotency.lock_secret);
 // size 0 in a database whose extension is still at 1.0.

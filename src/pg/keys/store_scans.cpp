@@ -107,7 +107,7 @@ static int64 scan_index_range(KeyStore* store, Relation index, Snapshot snapshot
 int64 store_scan_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows,
                          ReapPosition* position, RowVisitor visit, void* context) {
   Oid opened;  // the index now of that name (REINDEX CONCURRENTLY)
-  Relation index = open_current(store_oids().expires_index, RowExclusiveLock, &opened);
+  Relation index = open_current(store->oids.expires_index, RowExclusiveLock, &opened);
   int64 counted = 0;
   while (position->slot < kReapSlots) {
     counted += scan_index_range(store, index, snapshot, position->slot, &position->from, now,
@@ -122,7 +122,7 @@ int64 store_scan_expired(KeyStore* store, Snapshot snapshot, TimestampTz now, in
 int64 store_scan_lease_ends(KeyStore* store, Snapshot snapshot, TimestampTz now, int64 max_rows,
                             RowVisitor visit, void* context) {
   Oid opened;  // the index now of that name (REINDEX CONCURRENTLY)
-  Relation index = open_current(store_oids().lease_index, AccessShareLock, &opened);
+  Relation index = open_current(store->oids.lease_index, AccessShareLock, &opened);
   TimestampTz from = DT_NOBEGIN;
   int64 counted =
       scan_index_range(store, index, snapshot, std::nullopt, &from, now, max_rows, visit, context);
@@ -165,7 +165,7 @@ int64 store_scan_role(KeyStore* store, Snapshot snapshot, Oid role, int64 max_ro
 
 bool store_scan_leased(KeyStore* store, Snapshot snapshot, Oid role, int64 max_rows,
                        RowVisitor visit, void* context) {
-  Oid leased = store_oids().leased_index;
+  Oid leased = store->oids.leased_index;
   if (!OidIsValid(leased)) return false;
   Oid opened;  // the index now of that name (REINDEX CONCURRENTLY)
   Relation index = open_current(leased, AccessShareLock, &opened);

@@ -23,6 +23,7 @@ struct RememberedClaim {
   SubTransactionId subxact;  // the subtransaction that made it
   Identity id;               // copied into TopTransactionContext
   bool lease;                // a lease claim: may commit pending
+  StoreOids store;           // where it is (a shard of the distributed store)
 };
 
 // An array rather than a List: a batch may claim 100,000 keys, and subtransaction
@@ -65,7 +66,7 @@ static T* grow(T* array, int count, int* capacity) {
                                           : repalloc(array, size));
 }
 
-void remember_claim(const Identity& id, bool lease) {
+void remember_claim(const Identity& id, bool lease, const StoreOids& store) {
   claims = grow(claims, claim_count, &claim_capacity);
   MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
   RememberedClaim& claim = claims[claim_count];
@@ -73,7 +74,9 @@ void remember_claim(const Identity& id, bool lease) {
   claim.id.role = id.role;
   claim.id.scope = static_cast<text*>(PG_DETOAST_DATUM_COPY(PointerGetDatum(id.scope)));
   claim.id.key = PG_DETOAST_DATUM_COPY(PointerGetDatum(id.key));
+  claim.id.route = Route{};  // not needed to find it again: the store is the shard
   claim.lease = lease;
+  claim.store = store;
   claim_count++;
   if (!lease) open_claims++;
   MemoryContextSwitchTo(old);
@@ -201,16 +204,16 @@ static void check_claims_finished() {
   for (int i = 0; i < held_count; i++)
     if (held[i].row != nullptr && held[i].written_in == InvalidSubTransactionId)
       raise_not_finished(held[i].id);
-  KeyStore store;
-  store_open(&store, false);
   for (int i = 0; i < claim_count; i++) {
+    KeyStore store;
+    store_open(&store, claims[i].store, false);
     Probe probe;
     // A dirty read sees this transaction's latest writes whatever the command id.
     store_probe(&store, claims[i].id, nullptr, &probe);
     if (probe.found && claimed_here(probe, claims[i].id) && !probe.view.lease_expires_at)
       raise_not_finished(claims[i].id);
+    store_close(&store);
   }
-  store_close(&store);
 }
 
 static void on_transaction_event(XactEvent event, void*) {

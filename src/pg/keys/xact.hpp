@@ -5,9 +5,9 @@
 
 namespace idempotency {
 
-// Remembers a claim this transaction made (in-transaction, or with a lease) until the
-// transaction ends.
-void remember_claim(const Identity& id, bool lease);
+// Remembers a claim this transaction made (in-transaction, or with a lease) in the
+// store `store` until the transaction ends.
+void remember_claim(const Identity& id, bool lease, const StoreOids& store);
 
 // Whether this transaction made a lease claim on `id` (rare, so a scan will do).
 bool made_lease_claim(const Identity& id);

@@ -43,6 +43,7 @@ static Datum apply_version(FunctionCallInfo fcinfo) {
   Interval* ttl = ttl_argument(fcinfo, 3, now);
   PreventCommandIfReadOnly("idem_apply_version()");
 
+  refuse_with_distributed_store("idem_apply_version");
   MessagingOids oids = required_messaging_oids();
   Oid role = GetUserId();
   Table applied;

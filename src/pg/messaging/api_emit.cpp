@@ -81,6 +81,7 @@ static Datum emit(FunctionCallInfo fcinfo) {
   struct varlena* event_id = given_id ? PG_GETARG_VARLENA_PP(4) : random_uuid_key();
   PreventCommandIfReadOnly("idem_emit()");
 
+  refuse_with_distributed_store("idem_emit");
   MessagingOids oids = required_messaging_oids();
   LockSecret secret = store_lock_secret();
   TimestampTz now = GetCurrentTimestamp();

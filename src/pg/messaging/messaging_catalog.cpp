@@ -98,6 +98,15 @@ bool messaging_oids(MessagingOids* oids) {
   return true;
 }
 
+void refuse_with_distributed_store(const char* function) {
+  if (OidIsValid(extension_relation("routed_keys")))
+    ereport(ERROR, errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+            errmsg("%s is not supported with a distributed key store yet", function),
+            errdetail("The outbox and the applied versions are tables of each node, not "
+                      "distributed with the business rows."),
+            errhint("Keep messaging on a database whose key store is not distributed."));
+}
+
 MessagingOids required_messaging_oids() {
   MessagingOids oids;
   if (!messaging_oids(&oids))

@@ -61,5 +61,10 @@ struct MessagingOids {
 bool messaging_oids(MessagingOids* oids);
 // The same, raising 55000 (run ALTER EXTENSION idempotency UPDATE) when absent.
 MessagingOids required_messaging_oids();
+// 0A000 when the key store is distributed with Citus (idem_distribute): the outbox
+// and applied versions are still node-local tables, so an event emitted or a version
+// applied in a delegated call would be stored where the relay or a retry routed
+// elsewhere does not look (docs/design-citus.md, section 9).
+void refuse_with_distributed_store(const char* function);
 
 }  // namespace idempotency

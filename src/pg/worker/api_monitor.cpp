@@ -147,14 +147,24 @@ static OutboxFigures outbox_figures(const MessagingOids& oids) {
 static Datum stats(FunctionCallInfo fcinfo) {
   InitMaterializedSRF(fcinfo, 0);
   ReturnSetInfo* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
-  KeyStore store;
-  store_open(&store, false);
-  StateCounts counts = RelationGetNumberOfBlocks(store.heap) <= kExactCountPages
-                           ? count_exactly(&store)
-                           : estimate(&store);
-  int64 stale_leases =
-      count_stale(&store, GetActiveSnapshot(), GetCurrentTimestamp(), kStaleLeasesCountLimit);
-  store_close(&store);
+  // This node's keys: idempotency.keys and its shards of a distributed store.
+  StateCounts counts{};
+  int64 stale_leases = 0;
+  StoreOids* stores;
+  int nstores = local_stores(&stores);
+  for (int s = 0; s < nstores; s++) {
+    KeyStore store;
+    store_open(&store, stores[s], false);
+    StateCounts these = RelationGetNumberOfBlocks(store.heap) <= kExactCountPages
+                            ? count_exactly(&store)
+                            : estimate(&store);
+    counts.total += these.total, counts.pending += these.pending;
+    counts.completed += these.completed, counts.failed += these.failed;
+    counts.abandoned += these.abandoned, counts.expired += these.expired;
+    stale_leases += count_stale(&store, GetActiveSnapshot(), GetCurrentTimestamp(),
+                                kStaleLeasesCountLimit - stale_leases);
+    store_close(&store);
+  }
 
   ReaperStats reaper;
   bool preloaded = reaper_stats(&reaper);

@@ -42,15 +42,24 @@ namespace idempotency {
 
 enum class Sweep { kExpired, kDroppedRoles, kStale, kMessaging };
 
-static int64 sweep_once(Sweep sweep, int64 max_rows, ReapPosition* position) {
+// One batch over the `n`th store of this node (local_stores: idempotency.keys, then
+// its shards of the distributed store); false when there is no such store. Shard
+// moves need no lock here: what a batch deletes or abandons has expired or gone
+// stale, and a change lost with a moved shard's old copy is made again on the new one.
+static bool sweep_once(Sweep sweep, int n, int64 max_rows, ReapPosition* position,
+                       int64* changed_out) {
+  *changed_out = 0;
   if (sweep == Sweep::kMessaging) {
+    if (n > 0) return false;
     Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
-    int64 deleted = sweep_messaging(snapshot, GetCurrentTimestamp(), max_rows);
+    *changed_out = sweep_messaging(snapshot, GetCurrentTimestamp(), max_rows);
     UnregisterSnapshot(snapshot);
-    return deleted;
+    return true;
   }
+  StoreOids* stores;
+  if (n >= local_stores(&stores)) return false;
   KeyStore store;
-  store_open(&store, true);
+  store_open(&store, stores[n], true);
   Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
   TimestampTz now = GetCurrentTimestamp();
   int64 changed = 0;
@@ -62,7 +71,8 @@ static int64 sweep_once(Sweep sweep, int64 max_rows, ReapPosition* position) {
   }
   UnregisterSnapshot(snapshot);
   store_close(&store);
-  return changed;
+  *changed_out = changed;
+  return true;
 }
 
 // Whether a client backend other than this process is running a statement.
@@ -88,17 +98,24 @@ static bool clients_running() {
 static int64 sweep_in_batches(Sweep sweep) {
   constexpr int64 kBusyRestFactor = 9;
   int64 total = 0;
+  int n = 0;  // the store
   ReapPosition position;
   for (;;) {
     int64 batch = settings.reaper_batch_size;
     TimestampTz started = GetCurrentTimestamp();
     StartTransactionCommand();
-    int64 changed = sweep_once(sweep, batch, &position);
+    int64 changed;
+    bool swept = sweep_once(sweep, n, batch, &position, &changed);
     bool busy = clients_running();
     CommitTransactionCommand();
     total += changed;
     CHECK_FOR_INTERRUPTS();
-    if (changed < batch) return total;
+    if (!swept) return total;
+    if (changed < batch) {  // this store is done: the next one
+      n++;
+      position = ReapPosition{};
+      continue;
+    }
     if (busy) {
       long rest_ms = (GetCurrentTimestamp() - started) * kBusyRestFactor / 1000;
       (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, Max(rest_ms, 1),
@@ -117,14 +134,22 @@ PassResult reap_current_database(bool own_transactions, int64 max_rows) {
                      sweep_in_batches(Sweep::kMessaging);
     result.abandoned = sweep_in_batches(Sweep::kStale);
   } else {
-    ReapPosition position;
-    result.deleted = sweep_once(Sweep::kExpired, max_rows, &position);
-    CommandCounterIncrement();
-    result.deleted += sweep_once(Sweep::kDroppedRoles, max_rows - result.deleted, &position);
-    CommandCounterIncrement();
-    result.abandoned = sweep_once(Sweep::kStale, PG_INT64_MAX, &position);
-    CommandCounterIncrement();
-    result.deleted += sweep_once(Sweep::kMessaging, max_rows - result.deleted, &position);
+    // Every store in turn, within the caller's max_rows.
+    auto sweep_all = [](Sweep sweep, int64 limit) {
+      int64 total = 0, changed;
+      ReapPosition position;
+      for (int n = 0; total < limit && sweep_once(sweep, n, limit - total, &position, &changed);
+           n++) {
+        total += changed;
+        position = ReapPosition{};
+        CommandCounterIncrement();
+      }
+      return total;
+    };
+    result.deleted = sweep_all(Sweep::kExpired, max_rows);
+    result.deleted += sweep_all(Sweep::kDroppedRoles, max_rows - result.deleted);
+    result.abandoned = sweep_all(Sweep::kStale, PG_INT64_MAX);
+    result.deleted += sweep_all(Sweep::kMessaging, max_rows - result.deleted);
   }
   TimestampTz now = GetCurrentTimestamp();
   result.ms = (now - started) / 1000;
