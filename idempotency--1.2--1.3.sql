@@ -144,7 +144,8 @@ BEGIN
     RAISE EXCEPTION 'the key store is not distributed'
       USING ERRCODE = 'object_not_in_prerequisite_state';
   END IF;
-  IF EXISTS (SELECT FROM idempotency.routed_keys) THEN
+  -- (SELECT 1: Citus cannot plan a distributed subquery without columns.)
+  IF EXISTS (SELECT 1 FROM idempotency.routed_keys) THEN
     RAISE EXCEPTION 'the distributed key store holds keys'
       USING ERRCODE = 'object_not_in_prerequisite_state',
             DETAIL = 'Undistributing would lose them: idempotency.keys has no routing value.',
@@ -170,7 +171,8 @@ SELECT pg_catalog.set_config('idem_upgrade.acls', COALESCE(pg_catalog.jsonb_obje
 FROM pg_catalog.pg_proc p
 WHERE p.pronamespace = '@extschema@'::regnamespace AND p.proacl IS NOT NULL
   AND p.proname IN ('idem_claim', 'idem_complete', 'idem_fail', 'idem_release',
-                    'idem_checkpoint', 'idem_once', 'idem_forget', 'idem_lookup');
+                    'idem_checkpoint', 'idem_once', 'idem_forget', 'idem_lookup',
+                    'idem_stats');
 
 DROP FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval);
 CREATE FUNCTION idem_claim(scope text, key idem_key,
@@ -214,6 +216,65 @@ CREATE FUNCTION idem_lookup(scope text, key idem_key, route "any" DEFAULT NULL)
                 checkpoint_data jsonb, first_claimed_at timestamptz,
                 expires_at timestamptz, lease_expires_at timestamptz)
   AS 'MODULE_PATHNAME' LANGUAGE C STABLE ROWS 1;
+
+-- idem_stats on the coordinator of a distributed store counts the keys of the whole
+-- cluster (idem_node_stats below, summed); node_only => true, this node's alone.
+DROP FUNCTION idem_stats();
+CREATE FUNCTION idem_stats(node_only boolean DEFAULT false)
+  RETURNS TABLE(keys_total bigint, pending bigint, completed bigint, failed bigint,
+                abandoned bigint, expired_awaiting_reap bigint, reaped_total bigint,
+                reclaimed_total bigint, last_reap_at timestamptz, last_reap_ms bigint,
+                worker_pid integer, stale_leases bigint, outbox_undelivered bigint,
+                outbox_dead bigint, outbox_oldest_undelivered_at timestamptz)
+  AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+
+-- Every node's idem_stats(node_only => true), through Citus, one row per node (an
+-- unreachable node: a row of NULLs with a WARNING).
+CREATE FUNCTION idem_node_stats()
+  RETURNS TABLE(nodename text, nodeport integer, keys_total bigint, pending bigint,
+                completed bigint, failed bigint, abandoned bigint,
+                expired_awaiting_reap bigint, reaped_total bigint, reclaimed_total bigint,
+                last_reap_at timestamptz, last_reap_ms bigint, worker_pid integer,
+                stale_leases bigint, outbox_undelivered bigint, outbox_dead bigint,
+                outbox_oldest_undelivered_at timestamptz)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  node record;
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
+    RAISE EXCEPTION 'idem_node_stats needs Citus'
+      USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Call idem_stats().';
+  END IF;
+  FOR node IN
+    SELECT n.nodename AS name, n.nodeport AS port, r.success, r.result
+    FROM run_command_on_all_nodes(
+           'SELECT row_to_json(s) FROM @extschema@.idem_stats(node_only => true) s') r
+    JOIN pg_dist_node n USING (nodeid) ORDER BY n.groupid, n.nodeid
+  LOOP
+    nodename := node.name;
+    nodeport := node.port;
+    IF NOT node.success THEN
+      RAISE WARNING 'idem_node_stats: node %:% did not answer: %', node.name, node.port, node.result;
+      SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+        INTO keys_total, pending, completed, failed, abandoned, expired_awaiting_reap,
+             reaped_total, reclaimed_total, last_reap_at, last_reap_ms, worker_pid,
+             stale_leases, outbox_undelivered, outbox_dead, outbox_oldest_undelivered_at;
+    ELSE
+      SELECT * INTO keys_total, pending, completed, failed, abandoned, expired_awaiting_reap,
+             reaped_total, reclaimed_total, last_reap_at, last_reap_ms, worker_pid,
+             stale_leases, outbox_undelivered, outbox_dead, outbox_oldest_undelivered_at
+      FROM json_to_record(node.result::json) AS r(
+             keys_total bigint, pending bigint, completed bigint, failed bigint,
+             abandoned bigint, expired_awaiting_reap bigint, reaped_total bigint,
+             reclaimed_total bigint, last_reap_at timestamptz, last_reap_ms bigint,
+             worker_pid integer, stale_leases bigint, outbox_undelivered bigint,
+             outbox_dead bigint, outbox_oldest_undelivered_at timestamptz);
+    END IF;
+    RETURN NEXT;
+  END LOOP;
+END $$;
+REVOKE ALL ON FUNCTION idem_node_stats() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idem_node_stats() TO pg_monitor;
 
 DO $$
 DECLARE

@@ -1,8 +1,9 @@
-# Upgrades from 1.0 and from 1.1 to 1.2: keys stored under 1.0, and keys and
-# undelivered events stored under 1.1, survive ALTER EXTENSION idempotency UPDATE;
-# each upgraded database has exactly the objects of a fresh install of the new version;
-# the stored keys replay, fence and take over as before, the events are relayed in
-# order, and emitting has become a privilege (1.2 revokes PUBLIC's grant).
+# Upgrades from 1.0, 1.1 and 1.2 to 1.3: keys stored under 1.0, keys and undelivered
+# events stored under 1.1, and keys and privileges under 1.2, survive ALTER EXTENSION
+# idempotency UPDATE; each upgraded database has exactly the objects of a fresh install
+# of the new version; the stored keys replay, fence and take over as before, the events
+# are relayed in order, emitting has become a privilege (1.2 revokes PUBLIC's grant),
+# and the key functions 1.3 makes again with a route argument keep their grants.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -19,6 +20,7 @@ $node->start;
 $node->safe_psql('postgres', 'CREATE DATABASE upgraded');
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 $node->safe_psql('postgres', 'CREATE DATABASE from11');
+$node->safe_psql('postgres', 'CREATE DATABASE from12');
 
 # 1.0, and keys of every kind stored through its functions.
 $node->safe_psql('upgraded', q{CREATE EXTENSION idempotency VERSION '1.0'});
@@ -57,7 +59,7 @@ my $keys_before = $node->safe_psql('upgraded', q{
 $node->safe_psql('upgraded', 'ALTER EXTENSION idempotency UPDATE');
 $node->safe_psql('fresh', 'CREATE EXTENSION idempotency');
 is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.2', 'ALTER EXTENSION UPDATE reaches 1.2');
+	'1.3', 'ALTER EXTENSION UPDATE reaches 1.3');
 
 # Every object of the extension, described without OIDs: members, columns, indexes,
 # constraints, privileges and function definitions.
@@ -94,7 +96,9 @@ my $upgraded = $node->safe_psql('upgraded', $catalog);
 my $fresh = $node->safe_psql('fresh', $catalog);
 like($fresh, qr/keys_leased_idx/, 'the catalog description covers the new index');
 like($fresh, qr/relation lock_secret/, 'and the lock secret');
-is($upgraded, $fresh, 'the upgraded database has exactly the objects of a fresh 1.2 install');
+like($fresh, qr/idem_claim\(text,idem_key,bytea,interval,interval,interval,"any"\)/,
+	'and the key functions with their route');
+is($upgraded, $fresh, 'the upgraded database has exactly the objects of a fresh 1.3 install');
 is($node->safe_psql('upgraded', q{SELECT count(*) FROM idempotency.lock_secret}), '1',
 	'the upgrade generated a lock secret');
 isnt($node->safe_psql('upgraded', q{SELECT secret FROM idempotency.lock_secret}),
@@ -168,9 +172,9 @@ my $outbox_before = $node->safe_psql('from11', q{
                     E'\n' ORDER BY seq) FROM idempotency.outbox});
 $node->safe_psql('from11', 'ALTER EXTENSION idempotency UPDATE');
 is($node->safe_psql('from11', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.2', 'from 1.1, ALTER EXTENSION UPDATE reaches 1.2');
+	'1.3', 'from 1.1, ALTER EXTENSION UPDATE reaches 1.3');
 is($node->safe_psql('from11', $catalog), $fresh,
-	'the database updated from 1.1 has exactly the objects of a fresh 1.2 install');
+	'the database updated from 1.1 has exactly the objects of a fresh 1.3 install');
 is($node->safe_psql('from11', q{
   SELECT string_agg(concat_ws(' ', event_id, topic, aggregate, seq, payload, delivered_at IS NULL),
                     E'\n' ORDER BY seq) FROM idempotency.outbox}), $outbox_before,
@@ -204,6 +208,43 @@ is($node->safe_psql('from11', q{
          LATERAL bt_index_parent_check(i.indexrelid, heapallindexed => true)
   WHERE c.relnamespace = 'idempotency'::regnamespace}), '12',
 	'amcheck finds every index consistent after the update from 1.1');
+
+# From 1.2: keys, and privileges on the functions 1.3 drops and makes again (their
+# parameters change): who may claim, who may read idem_stats.
+$node->safe_psql('from12', q{CREATE EXTENSION idempotency VERSION '1.2'});
+$node->safe_psql('from12', q{
+  CREATE ROLE upgrade_claimer LOGIN;
+  CREATE ROLE upgrade_outsider LOGIN;
+  CREATE ROLE upgrade_monitor LOGIN;
+  REVOKE EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval) FROM PUBLIC;
+  GRANT EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval)
+    TO upgrade_claimer WITH GRANT OPTION;
+  GRANT EXECUTE ON FUNCTION idem_stats() TO upgrade_monitor;
+  BEGIN;
+  SELECT idem_claim('pay', 'done-12', idem_fingerprint('{"amount": 12}'::jsonb));
+  SELECT idem_complete('pay', 'done-12', '{"payment_id": 12}');
+  COMMIT;
+});
+$node->safe_psql('from12', 'ALTER EXTENSION idempotency UPDATE');
+is($node->safe_psql('from12', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
+	'1.3', 'from 1.2, ALTER EXTENSION UPDATE reaches 1.3');
+my $claim = 'idem_claim(text,idem_key,bytea,interval,interval,interval,"any")';
+is($node->safe_psql('from12', qq{
+  SELECT string_agg(r || ':' || has_function_privilege(r, '$claim', 'EXECUTE')
+                    || ':' || has_function_privilege(r, '$claim', 'EXECUTE WITH GRANT OPTION')
+                    || ':' || has_function_privilege(r, 'idem_stats(boolean)', 'EXECUTE'), ' ' ORDER BY r)
+  FROM unnest(ARRAY['upgrade_claimer', 'upgrade_monitor', 'upgrade_outsider']) r}),
+	'upgrade_claimer:t:t:f upgrade_monitor:f:f:t upgrade_outsider:f:f:f',
+	'the grants and revokes of 1.2 hold for the functions 1.3 made again');
+is($node->safe_psql('from12', q{
+  SELECT outcome || ' ' || response FROM idem_claim('pay', 'done-12', idem_fingerprint('{"amount": 12}'::jsonb))}),
+	'replay {"payment_id": 12}', 'a key stored under 1.2 replays');
+$node->safe_psql('from12', qq{
+  GRANT EXECUTE ON FUNCTION $claim TO PUBLIC;
+  REVOKE ALL ON FUNCTION $claim FROM upgrade_claimer CASCADE;
+  REVOKE ALL ON FUNCTION idem_stats(boolean) FROM upgrade_monitor;});
+is($node->safe_psql('from12', $catalog), $fresh,
+	'with those grants undone, it has exactly the objects of a fresh 1.3 install');
 
 $node->stop;
 done_testing();

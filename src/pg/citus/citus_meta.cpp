@@ -290,6 +290,8 @@ CitusRoute citus_lock_route(Oid relid, Datum value, Oid value_type) {
   }
 }
 
+bool citus_is_coordinator() { return local_group() == 0; }
+
 Oid citus_column_type(Oid relid) { return lookup(relid)->column_type; }
 
 int citus_local_shards(Oid relid, int64** shardids) {

@@ -43,6 +43,9 @@ CitusRoute citus_route(Oid relid, Datum value, Oid value_type);
 // look at the metadata, since a move that held the lock has changed it by now.
 CitusRoute citus_lock_route(Oid relid, Datum value, Oid value_type);
 
+// Whether this node is a Citus coordinator (its group is 0: pg_dist_local_group).
+bool citus_is_coordinator();
+
 // The type of a hash-distributed table's distribution column (from the same cache).
 Oid citus_column_type(Oid relid);
 

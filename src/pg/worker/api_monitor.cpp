@@ -1,6 +1,7 @@
 // idem_stats: figures for monitoring, quickly whatever the table's size.
 #include <optional>
 
+#include "pg/citus/citus_meta.hpp"
 #include "pg/common/errors.hpp"
 #include "pg/common/open_relations.hpp"
 #include "pg/messaging/messaging_catalog.hpp"
@@ -12,10 +13,13 @@ extern "C" {
 #include "access/heapam.h"
 #include "access/htup_details.h"
 #include "catalog/pg_statistic.h"
+#include "commands/extension.h"
+#include "executor/spi.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "storage/bufmgr.h"
 #include "tcop/utility.h"
+#include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
@@ -144,10 +148,39 @@ static OutboxFigures outbox_figures(const MessagingOids& oids) {
   return figures;
 }
 
+// On the coordinator of a distributed store: every node's figures added up, from
+// idem_node_stats (which asks each node for idem_stats(node_only => true)). Reaper
+// figures are summed too, its latest pass taken; worker_pid is per node only.
+static Datum cluster_stats(ReturnSetInfo* rsinfo) {
+  const char* schema = quote_identifier(
+      get_namespace_name(get_extension_schema(get_extension_oid("idempotency", false))));
+  const char* query = psprintf(
+      "SELECT sum(keys_total)::bigint, sum(pending)::bigint, sum(completed)::bigint, "
+      "sum(failed)::bigint, sum(abandoned)::bigint, sum(expired_awaiting_reap)::bigint, "
+      "sum(reaped_total)::bigint, sum(reclaimed_total)::bigint, max(last_reap_at), "
+      "max(last_reap_ms), NULL::integer, sum(stale_leases)::bigint, "
+      "sum(outbox_undelivered)::bigint, sum(outbox_dead)::bigint, "
+      "min(outbox_oldest_undelivered_at) FROM %s.idem_node_stats()",
+      schema);
+  SPI_connect();
+  if (SPI_execute(query, true, 1) != SPI_OK_SELECT || SPI_processed != 1)
+    elog(ERROR, "idem_stats could not read idem_node_stats()");
+  Datum values[15];
+  bool nulls[15];
+  heap_deform_tuple(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, values, nulls);
+  tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+  SPI_finish();
+  return (Datum)0;
+}
+
 static Datum stats(FunctionCallInfo fcinfo) {
   InitMaterializedSRF(fcinfo, 0);
   ReturnSetInfo* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
-  // This node's keys: idempotency.keys and its shards of a distributed store.
+  // This node's keys: idempotency.keys and its shards of a distributed store; on the
+  // coordinator of a distributed store, every node's.
+  bool node_only = PG_NARGS() > 0 && !PG_ARGISNULL(0) && PG_GETARG_BOOL(0);
+  if (!node_only && OidIsValid(distributed_store()) && citus_is_coordinator())
+    return cluster_stats(rsinfo);
   StateCounts counts{};
   int64 stale_leases = 0;
   StoreOids* stores;
