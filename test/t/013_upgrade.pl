@@ -84,7 +84,10 @@ my $catalog = q{
     SELECT format('constraint %s %s', conname, pg_get_constraintdef(oid))
     FROM pg_constraint WHERE connamespace = 'idempotency'::regnamespace
     UNION ALL
-    SELECT format('function %s %s %s', p.oid::regprocedure, p.proacl, md5(pg_get_functiondef(p.oid)))
+    SELECT format('function %s %s %s', p.oid::regprocedure,
+                  (SELECT array_agg(a::text ORDER BY a::text)  -- the same grants, in any order
+                   FROM unnest(coalesce(p.proacl, acldefault('f', p.proowner))) a),
+                  md5(pg_get_functiondef(p.oid)))
     FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass
     WHERE d.deptype = 'e' AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
     UNION ALL
@@ -234,7 +237,7 @@ is($node->safe_psql('from12', qq{
                     || ':' || has_function_privilege(r, '$claim', 'EXECUTE WITH GRANT OPTION')
                     || ':' || has_function_privilege(r, 'idem_stats(boolean)', 'EXECUTE'), ' ' ORDER BY r)
   FROM unnest(ARRAY['upgrade_claimer', 'upgrade_monitor', 'upgrade_outsider']) r}),
-	'upgrade_claimer:t:t:f upgrade_monitor:f:f:t upgrade_outsider:f:f:f',
+	'upgrade_claimer:true:true:false upgrade_monitor:false:false:true upgrade_outsider:false:false:false',
 	'the grants and revokes of 1.2 hold for the functions 1.3 made again');
 is($node->safe_psql('from12', q{
   SELECT outcome || ' ' || response FROM idem_claim('pay', 'done-12', idem_fingerprint('{"amount": 12}'::jsonb))}),
