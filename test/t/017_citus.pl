@@ -698,6 +698,42 @@ like($session->query_safe("SELECT idem_test_citus_route('payments', ${account}::
 	qr/^$shard \d+ f$/, '(f) and the next lookup on worker2 sees the shard gone');
 $session->quit;
 
+# The same with a real claim: a lease claim commits on its own, with no business write
+# to take Citus's lock for it, so the claim takes it. A move that starts while the
+# claim's transaction runs waits for it, and then carries the key along.
+my ($lease_account, $lease_port) = split /\|/, $coordinator->safe_psql('postgres', q{
+	SELECT a, s.nodeport FROM generate_series(300, 400) a
+	JOIN citus_shards s ON s.shardid = get_shard_id_for_distribution_column('payments', a::bigint)
+	WHERE s.table_name = 'payments'::regclass ORDER BY a LIMIT 1});
+my ($holder) = grep { $_->port == $lease_port } @workers;
+my $other_port = $lease_port == $worker1->port ? $worker2->port : $worker1->port;
+my $lease_shard = $coordinator->safe_psql('postgres',
+	"SELECT get_shard_id_for_distribution_column('payments', ${lease_account}::bigint)");
+$session = $holder->background_psql('postgres');
+$session->query_safe('BEGIN');
+is($session->query_safe(qq{SELECT outcome FROM idem_claim('jobs', 'moving-lease', lease => '1 hour',
+                                                            route => ${lease_account}::bigint)}),
+	'claimed', "(f) a lease claim on the shard's node, its transaction still open");
+$mover = IPC::Run::start(
+	[ 'psql', '-XAtq', '-d', $coordinator->connstr('postgres'), '-c', sprintf(q{
+		SELECT citus_move_shard_placement(%d, '127.0.0.1', %d, '127.0.0.1', %d,
+		                                  shard_transfer_mode => 'block_writes')},
+		$lease_shard, $lease_port, $other_port) ],
+	'>', \$mover_out, '2>', \$mover_err);
+ok($holder->poll_query_until('postgres', q{
+		SELECT count(*) > 0 FROM pg_locks
+		WHERE locktype = 'advisory' AND objsubid = 8 AND mode = 'ExclusiveLock' AND NOT granted}),
+	'(f) a move of its shard waits for the claim\'s transaction');
+$session->query_safe('COMMIT');
+$session->quit;
+$mover->finish;
+is($coordinator->safe_psql('postgres', "SELECT nodeport FROM citus_shards WHERE shardid = $lease_shard"),
+	$other_port, '(f) then the move goes through');
+is($coordinator->safe_psql('postgres', qq{
+		SELECT state::text || ' ' || attempt FROM idempotency.routed_keys
+		WHERE key = 'moving-lease' AND route = $lease_account}),
+	'p 1', '(f) and the lease claim committed during it is on the new node');
+
 # ---------------------------------------------------------------------------------
 # (m) amcheck on every shard of the store
 # ---------------------------------------------------------------------------------
