@@ -13,7 +13,6 @@ extern "C" {
 #include "access/heapam.h"
 #include "access/htup_details.h"
 #include "catalog/pg_statistic.h"
-#include "commands/extension.h"
 #include "executor/spi.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -151,9 +150,10 @@ static OutboxFigures outbox_figures(const MessagingOids& oids) {
 // On the coordinator of a distributed store: every node's figures added up, from
 // idem_node_stats (which asks each node for idem_stats(node_only => true)). Reaper
 // figures are summed too, its latest pass taken; worker_pid is per node only.
-static Datum cluster_stats(ReturnSetInfo* rsinfo) {
-  const char* schema = quote_identifier(
-      get_namespace_name(get_extension_schema(get_extension_oid("idempotency", false))));
+static Datum cluster_stats(FunctionCallInfo fcinfo, ReturnSetInfo* rsinfo) {
+  // idem_node_stats is in idem_stats' schema.
+  const char* schema =
+      quote_identifier(get_namespace_name(get_func_namespace(fcinfo->flinfo->fn_oid)));
   const char* query = psprintf(
       "SELECT sum(keys_total)::bigint, sum(pending)::bigint, sum(completed)::bigint, "
       "sum(failed)::bigint, sum(abandoned)::bigint, sum(expired_awaiting_reap)::bigint, "
@@ -180,7 +180,7 @@ static Datum stats(FunctionCallInfo fcinfo) {
   // coordinator of a distributed store, every node's.
   bool node_only = PG_NARGS() > 0 && !PG_ARGISNULL(0) && PG_GETARG_BOOL(0);
   if (!node_only && OidIsValid(distributed_store()) && citus_is_coordinator())
-    return cluster_stats(rsinfo);
+    return cluster_stats(fcinfo, rsinfo);
   StateCounts counts{};
   int64 stale_leases = 0;
   StoreOids* stores;
