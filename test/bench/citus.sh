@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# The scale-out benchmark (README, "Scaling out with Citus"): a Citus coordinator and
+# two workers on this machine, payments distributed by account in 32 shards and the
+# key store with them (examples/create_payment_citus.sql). The payment procedure with
+# its claim (ext) against the same procedure without claim and completion (floor),
+# each called
+#   coordinator: through the coordinator, which delegates the CALL to the worker that
+#                holds the account (one round trip for the client, one for Citus);
+#   worker:      on worker1 directly, for accounts whose shard it holds.
+# New keys, accounts spread over all shards, CLIENTS clients, interleaved rounds.
+# Not part of CI.
+#   test/bench/citus.sh                # PG_VERSION=18 ROUNDS=3 SECONDS_PER_RUN=10 CLIENTS=4
+# Needs Citus for that PostgreSQL (scripts/citus.sh: a tarball in CITUS_TARBALL,
+# CITUS_SOURCE_DIR or the cache). Prints a Markdown table and writes
+# test/bench/results-citus-pgNN.md.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/lib.sh
+. scripts/pg_versions.sh
+. scripts/citus.sh
+PG_VERSION=${PG_VERSION:-18}
+ROUNDS=${ROUNDS:-3}
+SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
+CLIENTS=${CLIENTS:-4}
+ensure_packages
+prefix=$(pg_prefix "$PG_VERSION")
+PG_BIN=$prefix/bin
+PG_CONFIG=$PG_BIN/pg_config
+export PATH="$PG_BIN:$PATH"
+citus=$(citus_for "$prefix") || { echo "no Citus for PostgreSQL $PG_VERSION: see scripts/citus.sh" >&2; exit 2; }
+
+work=$(mktemp -d /tmp/idempotency-citus-bench.XXXXXX)
+chmod 755 "$work"
+trap 'stop_clusters_under "$work"; rm -rf "$work"; make -s clean PG_CONFIG="$PG_CONFIG" >/dev/null' EXIT
+make -s clean PG_CONFIG="$PG_CONFIG" >/dev/null
+build_and_install
+
+ports=()
+for node in coordinator worker1 worker2; do
+  port=$(free_port)
+  start_cluster "$work/$node" "$port" "shared_preload_libraries = 'citus,idempotency'" \
+    "max_connections = 100" "max_prepared_transactions = 100" "shared_buffers = '256MB'" \
+    "max_wal_size = '4GB'" "citus.enable_statistics_collection = off" \
+    "idempotency.reaper_naptime = '1s'"
+  ports+=("$port")
+done
+on() { runuser -u postgres -- psql -X -q -h 127.0.0.1 -p "$1" -d postgres -v ON_ERROR_STOP=1 "${@:2}"; }
+for port in "${ports[@]}"; do on "$port" -c 'CREATE EXTENSION citus'; done
+on "${ports[0]}" -c "SELECT citus_set_coordinator_host('127.0.0.1', ${ports[0]})" \
+  -c "SELECT citus_add_node('127.0.0.1', ${ports[1]})" -c "SELECT citus_add_node('127.0.0.1', ${ports[2]})" >/dev/null
+on "${ports[0]}" -c 'CREATE EXTENSION idempotency' -c 'SET citus.shard_count = 32' \
+  -f examples/create_payment_citus.sql >/dev/null
+# The floor: the same procedure without the claim and the completion.
+on "${ports[0]}" >/dev/null <<'SQL'
+CREATE PROCEDURE floor_payment(p_key idem_key, p_account bigint, p_amount numeric,
+                               INOUT result jsonb DEFAULT NULL)
+LANGUAGE plpgsql AS $$
+DECLARE v_id bigint;
+BEGIN
+  INSERT INTO payments(account, amount) VALUES (p_account, p_amount) RETURNING id INTO v_id;
+  result := jsonb_build_object('payment_id', v_id, 'amount', p_amount);
+END $$;
+SELECT create_distributed_function('floor_payment(idem_key, bigint, numeric, jsonb)',
+                                   distribution_arg_name => 'p_account',
+                                   colocate_with => 'payments');
+SQL
+# Accounts whose shard worker1 holds, numbered 1..n in a local table there.
+on "${ports[1]}" -c "CREATE TABLE local_accounts (i int PRIMARY KEY, account bigint)"
+on "${ports[0]}" -At -c "SELECT a FROM generate_series(1, 100000) a
+  JOIN citus_shards s ON s.shardid = get_shard_id_for_distribution_column('payments', a::bigint)
+  WHERE s.table_name = 'payments'::regclass AND s.nodeport = ${ports[1]}" |
+  awk '{ print NR "\t" $1 }' | on "${ports[1]}" -c "COPY local_accounts FROM STDIN"
+local_count=$(on "${ports[1]}" -At -c "SELECT count(*) FROM local_accounts")
+
+# A new key per call; the account a pgbench variable (Citus delegates a CALL only when
+# its distribution argument is a constant), the key an immutable expression of one.
+for procedure in create_payment floor_payment; do
+  cat >"$work/coordinator_$procedure.sql" <<SQL
+\\set account random(1, 100000)
+\\set k random(1, 2000000000)
+CALL $procedure(('k' || :k || '-' || :client_id)::idem_key, :account, 10);
+SQL
+  cat >"$work/worker_$procedure.sql" <<SQL
+\\set i random(1, $local_count)
+\\set k random(1, 2000000000)
+SELECT account FROM local_accounts WHERE i = :i \\gset
+CALL $procedure(('k' || :k || '-' || :client_id)::idem_key, :account, 10);
+SQL
+done
+chmod 644 "$work"/*.sql
+
+# run WHERE PROCEDURE: prints "tps latency_ms failed"
+run() {
+  local port=${ports[0]} out
+  [ "$1" = worker ] && port=${ports[1]}
+  out=$(runuser -u postgres -- env PGOPTIONS="-c synchronous_commit=off" \
+    pgbench -n -h 127.0.0.1 -p "$port" -c "$CLIENTS" -j 2 -T "$SECONDS_PER_RUN" \
+    -f "$work/$1_$2.sql" postgres 2>&1) || true
+  local tps latency failed
+  tps=$(sed -nE 's/^tps = ([0-9.]+).*/\1/p' <<<"$out")
+  latency=$(sed -nE 's/^latency average = ([0-9.]+) ms/\1/p' <<<"$out")
+  failed=$(sed -nE 's/^number of failed transactions: ([0-9]+).*/\1/p' <<<"$out")
+  grep -q aborted <<<"$out" && failed=aborted
+  echo "${tps:-0} ${latency:-0} ${failed:-0}"
+}
+median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+declare -A results
+for round in $(seq "$ROUNDS"); do
+  for where in coordinator worker; do
+    for procedure in floor_payment create_payment; do
+      read -r tps latency failed < <(run "$where" "$procedure")
+      results[$where,$procedure]+="$tps $latency $failed"$'\n'
+      echo "round $round $where $procedure: $tps tps, $latency ms, $failed failed" >&2
+    done
+  done
+done
+
+# Every call paid once: one payment per key stored.
+paid=$(on "${ports[0]}" -At -c "SELECT count(*) FROM payments")
+keys=$(on "${ports[0]}" -At -c "SELECT count(*) FROM idempotency.routed_keys")
+
+out=test/bench/results-citus-pg$PG_VERSION.md
+{
+  echo "PostgreSQL $("$PG_CONFIG" --version | awk '{ print $2 }'), Citus $citus, 1 coordinator + 2 workers on one machine ($(nproc) cores), 32 shards, $CLIENTS clients, synchronous_commit off, $ROUNDS rounds x ${SECONDS_PER_RUN}s, median TPS (min-max)."
+  echo
+  echo "| called | floor (no claim) TPS | ext (claim + complete) TPS | ext / floor | latency floor / ext ms |"
+  echo "| --- | --- | --- | --- | --- |"
+  for where in coordinator worker; do
+    floor=$(awk 'NF { print $1 }' <<<"${results[$where,floor_payment]}" | median)
+    ext=$(awk 'NF { print $1 }' <<<"${results[$where,create_payment]}" | median)
+    range() { awk 'NF { print $1 }' <<<"${results[$where,$1]}" | sort -n | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%.0f-%.0f", lo, hi }'; }
+    lat() { awk 'NF { print $2 }' <<<"${results[$where,$1]}" | median; }
+    printf '| %s | %.0f (%s) | %.0f (%s) | %.2f | %s / %s |\n' "$where" "$floor" "$(range floor_payment)" \
+      "$ext" "$(range create_payment)" "$(awk -v a="$ext" -v b="$floor" 'BEGIN { print a / b }')" \
+      "$(lat floor_payment)" "$(lat create_payment)"
+  done
+  echo
+  echo "Payments: $paid; keys stored (one per ext call): $keys."
+} | tee "$out"
