@@ -52,7 +52,7 @@ void check_columns(Oid heap, const ColumnSpec* columns, int count) {
       break;
     }
     bool type_ok = OidIsValid(want.type) ? att->atttypid == want.type
-                                       : is_extension_type(att->atttypid, want.extension_type);
+                                         : is_extension_type(att->atttypid, want.extension_type);
     if (strcmp(NameStr(att->attname), want.name) != 0 || !type_ok)
       problem = psprintf("Column %d is \"%s\" of type %s; this library expects \"%s\".", i + 1,
                          NameStr(att->attname), format_type_be(att->atttypid), want.name);

@@ -117,9 +117,8 @@ KeyRow* copy_row_into(const KeyRow& row, MemoryContext context) {
   copy->route_type = row.route_type;
   copy->isnull[kRoute - 1] = row.null(kRoute);
   copy->values[kRoute - 1] =
-      row.null(kRoute)
-          ? 0
-          : datumCopy(row.get(kRoute), row.route_type.byval, row.route_type.length);
+      row.null(kRoute) ? 0
+                       : datumCopy(row.get(kRoute), row.route_type.byval, row.route_type.length);
   MemoryContextSwitchTo(caller);
   return copy;
 }

@@ -174,8 +174,7 @@ static void coerce_route(Route* route, Oid want) {
         if (route->type == UNKNOWNOID) {
           Oid input, param;
           getTypeInputInfo(want, &input, &param);
-          route->value =
-              OidInputFunctionCall(input, DatumGetCString(route->value), param, -1);
+          route->value = OidInputFunctionCall(input, DatumGetCString(route->value), param, -1);
           break;
         }
         [[fallthrough]];

@@ -21,7 +21,7 @@ struct StoreOids {
   Oid leased_index;   // keys_leased_idx (role, first_claimed_at), partial: lease claims (1.1)
   Oid secret;         // idempotency.lock_secret (1.1)
   RegProcedure key_eq;
-  int64 shardid;      // 0: idempotency.keys
+  int64 shardid;  // 0: idempotency.keys
 };
 
 // idempotency.keys' OIDs, looked up on first use (checking the table's columns) and
