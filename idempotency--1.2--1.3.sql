@@ -172,7 +172,7 @@ FROM pg_catalog.pg_proc p
 WHERE p.pronamespace = '@extschema@'::regnamespace AND p.proacl IS NOT NULL
   AND p.proname IN ('idem_claim', 'idem_complete', 'idem_fail', 'idem_release',
                     'idem_checkpoint', 'idem_once', 'idem_forget', 'idem_lookup',
-                    'idem_stats');
+                    'idem_abandoned', 'idem_stats');
 
 DROP FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval);
 CREATE FUNCTION idem_claim(scope text, key idem_key,
@@ -216,6 +216,15 @@ CREATE FUNCTION idem_lookup(scope text, key idem_key, route "any" DEFAULT NULL)
                 checkpoint_data jsonb, first_claimed_at timestamptz,
                 expires_at timestamptz, lease_expires_at timestamptz)
   AS 'MODULE_PATHNAME' LANGUAGE C STABLE ROWS 1;
+
+-- idem_abandoned on the coordinator of a distributed store lists the role's claims on
+-- every node; node_only => true, this node's alone.
+DROP FUNCTION idem_abandoned(text, integer);
+CREATE FUNCTION idem_abandoned(scope text DEFAULT NULL, max_rows integer DEFAULT 100,
+                               node_only boolean DEFAULT false)
+  RETURNS TABLE(scope text, key idem_key, attempt integer, checkpoint text,
+                checkpoint_data jsonb, first_claimed_at timestamptz)
+  AS 'MODULE_PATHNAME' LANGUAGE C STABLE;
 
 -- idem_stats on the coordinator of a distributed store counts the keys of the whole
 -- cluster (idem_node_stats below, summed); node_only => true, this node's alone.

@@ -485,6 +485,22 @@ sleep 2;
 is($coordinator->safe_psql('postgres', q{SELECT lease_claim('job-2', 43, '1 hour')}),
 	'claimed 2', '(l) a lease that ran out before the move is taken over after it');
 
+# idem_abandoned on the coordinator lists the role's stale and abandoned lease claims
+# of every node; on a worker, its own.
+$coordinator->safe_psql('postgres',
+	join '', map { "SELECT lease_claim('job-$_', $_, '1 second');\n" } 100 .. 119);
+sleep 2;
+is($coordinator->safe_psql('postgres', q{
+		SELECT count(*), min(key::text), max(key::text) FROM idem_abandoned('jobs', 100)}),
+	'20|job-100|job-119', '(l) idem_abandoned on the coordinator: the stale claims of every node');
+is($coordinator->safe_psql('postgres', q{SELECT count(*) FROM idem_abandoned('jobs', 5)}), '5',
+	'(l) at most max_rows of them');
+my $on_workers = 0;
+$on_workers += $_->safe_psql('postgres', q{SELECT count(*) FROM idem_abandoned('jobs', 100)}) for @workers;
+is($on_workers, 20, '(l) on the workers, each its own shards\' ones');
+$coordinator->safe_psql('postgres',
+	join '', map { "SELECT lease_complete('job-$_', $_, 1);\n" } 100 .. 119);
+
 # idem_once in a delegated function, 4 clients consuming the same messages.
 $coordinator->safe_psql('postgres', q{
   CREATE TABLE consumed (account bigint, message text);
@@ -533,6 +549,21 @@ $reaped += $_->safe_psql('postgres', q{SELECT idem_reap()}) for @workers;
 is($reaped, 100, '(w) idem_reap on each worker reaps its shards\' expired keys (100)');
 is($coordinator->safe_psql('postgres', q{SELECT count(*) FROM idempotency.routed_keys WHERE scope = 'short'}),
 	'0', '(w) none left');
+# The background worker of each node reaps its shards on its own.
+$coordinator->safe_psql('postgres', join '', map { "SELECT short_once('t-$_', $_);\n" } 1 .. 100);
+for my $worker (@workers) {
+	$worker->safe_psql('postgres', q{
+	  ALTER SYSTEM SET idempotency.reaper_enabled = on;
+	  ALTER SYSTEM SET idempotency.reaper_naptime = '1s';
+	  SELECT pg_reload_conf();});
+}
+ok($coordinator->poll_query_until('postgres', q{
+		SELECT count(*) = 0 FROM idempotency.routed_keys WHERE scope = 'short'}),
+	'(w) the workers\' background reapers reap their shards\' expired keys');
+for my $worker (@workers) {
+	$worker->safe_psql('postgres', q{
+	  ALTER SYSTEM RESET idempotency.reaper_enabled; SELECT pg_reload_conf();});
+}
 
 # ---------------------------------------------------------------------------------
 # (k) A worker killed during load

@@ -61,10 +61,13 @@ struct Shard {
 struct Entry {
   Oid relid;  // InvalidOid: unused
   bool valid;
+  bool distributed;  // hash-distributed; false: nothing else is filled in
   MemoryContext context;
   uint32 colocation;
   Oid column_type;
   Oid column_collation;
+  int16 column_length;
+  bool column_byval;
   FmgrInfo hash;
   int nshards;
   Shard* shards;  // sorted by min
@@ -130,10 +133,16 @@ int32 local_group() {
           errmsg("\"%s\" is not a hash-distributed Citus table", get_rel_name(relid)));
 }
 
-// Fills `entry` for `relid` from the catalogs, in a fresh context.
+// Fills `entry` for `relid` from the catalogs, in a fresh context; a table that is not
+// hash-distributed (or no Citus) is remembered as such.
 void build(Entry* entry, Oid relid) {
+  if (entry->context != nullptr) MemoryContextDelete(entry->context);
+  *entry = Entry{relid, false, false, nullptr, 0, InvalidOid, InvalidOid, 0, false, {}, 0, nullptr};
   Oid partition = catalog_relid("pg_dist_partition");
-  if (!OidIsValid(partition)) not_hash_distributed(relid);
+  if (!OidIsValid(partition)) {
+    entry->valid = true;
+    return;
+  }
   local_group_relid = catalog_relid("pg_dist_local_group");
   node_relid = catalog_relid("pg_dist_node");
   bool found = false;
@@ -153,7 +162,10 @@ void build(Entry* entry, Oid relid) {
          Datum value = heap_getattr(tuple, kPartitionColocation, desc, &isnull);
          colocation = isnull ? 0 : DatumGetUInt32(value);
        });
-  if (!found || method != 'h' || column == nullptr) not_hash_distributed(relid);
+  if (!found || method != 'h' || column == nullptr) {
+    entry->valid = true;
+    return;
+  }
   TypeCacheEntry* type = lookup_type_cache(column->vartype, TYPECACHE_HASH_PROC_FINFO);
   if (!OidIsValid(type->hash_proc_finfo.fn_oid))
     ereport(ERROR, errcode(ERRCODE_UNDEFINED_FUNCTION),
@@ -169,6 +181,7 @@ void build(Entry* entry, Oid relid) {
   fresh.colocation = colocation;
   fresh.column_type = column->vartype;
   fresh.column_collation = column->varcollid;
+  get_typlenbyval(column->vartype, &fresh.column_length, &fresh.column_byval);
   fmgr_info_copy(&fresh.hash, &type->hash_proc_finfo, context);
   int capacity = 16;
   fresh.shards = static_cast<Shard*>(palloc(sizeof(Shard) * capacity));
@@ -205,8 +218,7 @@ void build(Entry* entry, Oid relid) {
   }
   MemoryContextSwitchTo(old);
   MemoryContextSetParent(context, CacheMemoryContext);
-  fresh.valid = true;
-  if (entry->context != nullptr) MemoryContextDelete(entry->context);
+  fresh.valid = fresh.distributed = true;
   *entry = fresh;
 }
 
@@ -263,6 +275,7 @@ bool citus_table(Oid relid) {
 
 CitusRoute citus_route(Oid relid, Datum value, Oid value_type) {
   const Entry* entry = lookup(relid);
+  if (!entry->distributed) not_hash_distributed(relid);
   if (value_type != entry->column_type)
     ereport(ERROR, errcode(ERRCODE_DATATYPE_MISMATCH),
             errmsg("the routing value is of type %s, the distribution column of \"%s\" of type %s",
@@ -292,12 +305,16 @@ CitusRoute citus_lock_route(Oid relid, Datum value, Oid value_type) {
 
 bool citus_is_coordinator() { return local_group() == 0; }
 
-Oid citus_column_type(Oid relid) { return lookup(relid)->column_type; }
+bool citus_column(Oid relid, CitusColumn* column) {
+  const Entry* entry = lookup(relid);
+  *column = CitusColumn{entry->column_type, entry->column_length, entry->column_byval};
+  return entry->distributed;
+}
 
 int citus_local_shards(Oid relid, int64** shardids) {
   *shardids = nullptr;
-  if (!citus_table(relid)) return 0;
   const Entry* entry = lookup(relid);
+  if (!entry->distributed) return 0;
   int64* local = static_cast<int64*>(palloc(sizeof(int64) * Max(entry->nshards, 1)));
   int count = 0;
   for (int i = 0; i < entry->nshards; i++)

@@ -46,8 +46,14 @@ CitusRoute citus_lock_route(Oid relid, Datum value, Oid value_type);
 // Whether this node is a Citus coordinator (its group is 0: pg_dist_local_group).
 bool citus_is_coordinator();
 
-// The type of a hash-distributed table's distribution column (from the same cache).
-Oid citus_column_type(Oid relid);
+// The distribution column of a hash-distributed table (from the same cache, so no
+// catalog access on a hit); false, and nothing filled in, when `relid` is not one.
+struct CitusColumn {
+  Oid type;
+  int16 length;
+  bool byval;
+};
+bool citus_column(Oid relid, CitusColumn* column);
 
 // The shards of a hash-distributed table with a placement on this node, in the
 // current memory context; returns how many. None where `relid` is not distributed.

@@ -2,13 +2,17 @@
 // read-only transaction and on a hot standby.
 #include "pg/keys/arguments.hpp"
 #include "pg/keys/driver.hpp"
+#include "pg/citus/citus_meta.hpp"
 #include "pg/common/errors.hpp"
 
 extern "C" {
 #include "catalog/pg_collation.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
 #include "utils/tuplestore.h"
 }
@@ -77,6 +81,48 @@ static int oldest_first(const ListCell* a, const ListCell* b) {
   return (ta > tb) - (ta < tb);
 }
 
+// On the coordinator of a distributed store, the role's abandoned claims on every
+// node: idem_abandoned(node_only => true) run on each through Citus as the calling
+// role, oldest first. A node that does not answer is an error, not an empty answer:
+// a recovery job must not conclude that nothing is abandoned.
+static void abandoned_in_cluster(FunctionCallInfo fcinfo, text* scope, int32 max_rows,
+                                 ReturnSetInfo* rsinfo) {
+  const char* schema =
+      quote_identifier(get_namespace_name(get_func_namespace(fcinfo->flinfo->fn_oid)));
+  const char* per_node = psprintf(
+      "SELECT coalesce(json_agg(a), '[]') FROM %s.idem_abandoned(%s, %d, node_only => true) a",
+      schema, scope == nullptr ? "NULL" : quote_literal_cstr(text_to_cstring(scope)), max_rows);
+  const char* query = psprintf(
+      "SELECT a.scope, a.key::%s.idem_key, a.attempt, a.checkpoint, a.checkpoint_data, "
+      "a.first_claimed_at, r.success, r.node, r.result "
+      "FROM (SELECT n.nodename || ':' || n.nodeport AS node, r.success, r.result "
+      "      FROM run_command_on_all_nodes($1) r JOIN pg_dist_node n USING (nodeid)) r "
+      "LEFT JOIN LATERAL json_to_recordset(CASE WHEN r.success THEN r.result::json END) "
+      "  AS a(scope text, key text, attempt integer, checkpoint text, checkpoint_data jsonb, "
+      "       first_claimed_at timestamptz) ON true "
+      "ORDER BY a.first_claimed_at NULLS LAST",
+      schema);
+  Oid type = TEXTOID;
+  Datum argument = CStringGetTextDatum(per_node);
+  SPI_connect();
+  if (SPI_execute_with_args(query, 1, &type, &argument, nullptr, true, 0) != SPI_OK_SELECT)
+    elog(ERROR, "idem_abandoned could not ask the nodes");
+  int32 returned = 0;
+  for (uint64 i = 0; i < SPI_processed; i++) {
+    Datum values[9];
+    bool nulls[9];
+    heap_deform_tuple(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, values, nulls);
+    if (!DatumGetBool(values[6]))
+      ereport(ERROR, errcode(ERRCODE_CONNECTION_FAILURE),
+              errmsg("idem_abandoned: node %s did not answer", TextDatumGetCString(values[7])),
+              errdetail("%s", TextDatumGetCString(values[8])));
+    if (nulls[0] || returned == max_rows) continue;  // a node with none; or enough
+    tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+    returned++;
+  }
+  SPI_finish();
+}
+
 // The role's abandoned and stale claims, oldest first, for a recovery job that
 // resumes them from their checkpoints. keys_leased_idx holds only lease claims, in
 // (role, first_claimed_at) order: the scan reads the role's pending, stale and
@@ -87,6 +133,11 @@ static Datum abandoned(FunctionCallInfo fcinfo) {
   int32 max_rows = max_rows_argument(fcinfo, 1);
   InitMaterializedSRF(fcinfo, 0);
   ReturnSetInfo* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+  bool node_only = PG_NARGS() > 2 && !PG_ARGISNULL(2) && PG_GETARG_BOOL(2);  // (1.3)
+  if (!node_only && OidIsValid(distributed_store()) && citus_is_coordinator()) {
+    abandoned_in_cluster(fcinfo, scope, max_rows, rsinfo);
+    return (Datum)0;
+  }
 
   AbandonedClaims found{scope, GetCurrentTimestamp(), CurrentMemoryContext, NIL};
   StoreOids* stores;

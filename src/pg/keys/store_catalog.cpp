@@ -160,7 +160,8 @@ static StoreOids shard_oids(int64 shardid, Oid route_type) {
 
 // The route as a value of the distribution column's type, as an implicit cast (or a
 // literal's input function) would make it.
-static void coerce_route(Route* route, Oid want) {
+static void coerce_route(Route* route, const CitusColumn& column) {
+  Oid want = column.type;
   if (route->type != want) {
     Oid function;
     CoercionPathType path =
@@ -187,8 +188,7 @@ static void coerce_route(Route* route, Oid want) {
                         format_type_be(want)));
     }
   }
-  route->type = want;
-  get_typlenbyval(want, &route->length, &route->byval);
+  *route = Route{route->value, want, column.length, column.byval};
 }
 
 StoreOids store_for_key(Identity* id) {
@@ -206,14 +206,14 @@ StoreOids store_for_key(Identity* id) {
     ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE),
             errmsg("the key store is distributed: a key needs its routing value"),
             errhint("Pass the business row's distribution value: route => ..."));
-  if (!citus_table(distributed))
+  CitusColumn column;
+  if (!citus_column(distributed, &column))
     ereport(ERROR, errcode(ERRCODE_IDEM_NOT_LOCAL),
             errmsg("this node has no Citus metadata for the distributed key store"),
             errhint("Call on the coordinator or on a worker with Citus metadata "
                     "(citus_add_node syncs it)."));
-  Oid want = citus_column_type(distributed);
-  coerce_route(&id->route, want);
-  CitusRoute route = citus_lock_route(distributed, id->route.value, want);
+  coerce_route(&id->route, column);
+  CitusRoute route = citus_lock_route(distributed, id->route.value, column.type);
   if (!route.local)
     ereport(ERROR, errcode(ERRCODE_IDEM_NOT_LOCAL),
             errmsg("the key's shard " INT64_FORMAT " of the key store is on %s, not on this node",
@@ -224,7 +224,7 @@ StoreOids store_for_key(Identity* id) {
                     "create_distributed_function(..., distribution_arg_name => its routing "
                     "argument, colocate_with => the business table), so that Citus runs it on "
                     "the shard's node; after a shard move, retry."));
-  return shard_oids(route.shardid, want);
+  return shard_oids(route.shardid, column.type);
 }
 
 int local_stores(StoreOids** stores) {
@@ -234,8 +234,9 @@ int local_stores(StoreOids** stores) {
   int nshards = OidIsValid(distributed) ? citus_local_shards(distributed, &shardids) : 0;
   *stores = static_cast<StoreOids*>(palloc(sizeof(StoreOids) * (nshards + 1)));
   (*stores)[0] = local;
-  for (int i = 0; i < nshards; i++)
-    (*stores)[i + 1] = shard_oids(shardids[i], citus_column_type(distributed));
+  CitusColumn column;
+  (void)citus_column(distributed, &column);
+  for (int i = 0; i < nshards; i++) (*stores)[i + 1] = shard_oids(shardids[i], column.type);
   return nshards + 1;
 }
 
