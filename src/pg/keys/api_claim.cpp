@@ -38,16 +38,11 @@ static ClaimTerms claim_terms(std::optional<Fingerprint> fingerprint, Interval* 
   return terms;
 }
 
-// The row of `view` written over the identity columns of `base`.
-static KeyRow next_row(const KeyRow& base, const StoredRow& view) {
-  KeyRow row = base;
-  write_row(view, &row);
-  return row;
-}
-
 enum class Outcome { kClaimed, kReplay, kInProgress, kDuplicate };
 
-static Datum claim_result(FunctionCallInfo fcinfo, Outcome outcome, const KeyRow& row,
+// `row` is the key's row as this call saw or decided it; null: another transaction's
+// claim whose row is not yet written (only its identity lock shows): the first attempt.
+static Datum claim_result(FunctionCallInfo fcinfo, Outcome outcome, const StoredRow* row,
                           std::optional<int64> retry_after_us) {
   static const char* const names[] = {"claimed", "replay", "in_progress", "duplicate"};
   // Looked up once per call site, not per call: the claim path runs in every transaction.
@@ -62,41 +57,33 @@ static Datum claim_result(FunctionCallInfo fcinfo, Outcome outcome, const KeyRow
     fcinfo->flinfo->fn_extra = desc;
   }
 
-  KeyState state = KeyState::kPending;
-  if (outcome == Outcome::kReplay) parse_state(DatumGetChar(row.get(kState)), &state);
+  StoredRow unseen;  // attempt 1, nothing else shown
+  const StoredRow& shown = row == nullptr ? unseen : *row;
+  KeyState state = outcome == Outcome::kReplay ? shown.state : KeyState::kPending;
   bool show_checkpoint = outcome != Outcome::kInProgress;
   Datum values[9] = {};
   bool nulls[9] = {};
+  auto set = [&](int i, Opaque value) {
+    nulls[i] = value == 0;
+    values[i] = datum(value);
+  };
   values[0] = CStringGetTextDatum(names[static_cast<int>(outcome)]);
   values[1] = CStringGetTextDatum(state_name(state));
-  nulls[2] = outcome != Outcome::kReplay || row.null(kResponse);
-  values[2] = nulls[2] ? 0 : row.get(kResponse);
-  values[3] = row.get(kAttempt);
-  nulls[4] = !show_checkpoint || row.null(kCheckpoint);
-  values[4] = nulls[4] ? 0 : row.get(kCheckpoint);
-  nulls[5] = !show_checkpoint || row.null(kCheckpointData);
-  values[5] = nulls[5] ? 0 : row.get(kCheckpointData);
+  set(2, outcome == Outcome::kReplay ? shown.response : 0);
+  values[3] = Int32GetDatum(shown.attempt);
+  set(4, show_checkpoint ? shown.checkpoint : 0);
+  set(5, show_checkpoint ? shown.checkpoint_data : 0);
   nulls[6] = !retry_after_us;
   values[6] = retry_after_us ? PointerGetDatum(micros_interval(*retry_after_us)) : 0;
-  nulls[7] = row.null(kFirstClaimedAt);
-  values[7] = row.get(kFirstClaimedAt);
-  nulls[8] = row.null(kExpiresAt);
-  values[8] = row.get(kExpiresAt);
+  nulls[7] = nulls[8] = row == nullptr;
+  values[7] = TimestampTzGetDatum(shown.first_claimed_at);
+  values[8] = TimestampTzGetDatum(shown.expires_at);
   return HeapTupleGetDatum(heap_form_tuple(desc, values, nulls));
 }
 
 // After a wait ran out: how long it waited, at least 100 ms.
 static int64 waited_us(const ClaimRequest& request) {
   return Max(GetCurrentTimestamp() - request.started, INT64CONST(100000));
-}
-
-// What another transaction's claim shows while only its identity lock does: the
-// first attempt, its row not yet written.
-static KeyRow claim_not_yet_written() {
-  KeyRow row;
-  for (int c = 1; c <= kRowColumns; c++) row.clear(static_cast<KeysColumn>(c));
-  row.set(kAttempt, Int32GetDatum(1));
-  return row;
 }
 
 // The write a claim (or idem_once, completing at once) makes of `action`.
@@ -112,8 +99,7 @@ static Step claim_step(ClaimAction action, const ClaimRequest& request, const Pr
     default: step.kind = Step::kStop; return step;
   }
   if (complete_at_once) next = complete(next, 0);
-  step.row =
-      next_row(action == ClaimAction::kTakeOver ? probe.row : identity_row(request.id), next);
+  step.row = next;
   if (action != ClaimAction::kInsert)
     step.kind = Step::kUpdate;
   else if (!complete_at_once && request.in_transaction && can_leave_claim_unwritten())
@@ -152,19 +138,19 @@ static Datum claim(FunctionCallInfo fcinfo) {
   store_close(&store);
 
   if (loop.timed_out())
-    return claim_result(fcinfo, Outcome::kInProgress,
-                        probe.found ? probe.row : claim_not_yet_written(), waited_us(request));
+    return claim_result(fcinfo, Outcome::kInProgress, probe.found ? &probe.view : nullptr,
+                        waited_us(request));
   switch (action) {
     case ClaimAction::kDuplicate:
-      return claim_result(fcinfo, Outcome::kDuplicate, probe.row, std::nullopt);
+      return claim_result(fcinfo, Outcome::kDuplicate, &probe.view, std::nullopt);
     case ClaimAction::kReplay:
-      return claim_result(fcinfo, Outcome::kReplay, probe.row, std::nullopt);
+      return claim_result(fcinfo, Outcome::kReplay, &probe.view, std::nullopt);
     case ClaimAction::kInProgress:
-      return claim_result(fcinfo, Outcome::kInProgress, probe.row,
+      return claim_result(fcinfo, Outcome::kInProgress, &probe.view,
                           *probe.view.lease_expires_at - GetCurrentTimestamp());
     default:
       remember_claim(request.id, !request.in_transaction, store.oids);
-      return claim_result(fcinfo, Outcome::kClaimed, step.row, std::nullopt);
+      return claim_result(fcinfo, Outcome::kClaimed, &step.row, std::nullopt);
   }
 }
 

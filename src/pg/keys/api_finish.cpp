@@ -55,8 +55,7 @@ static Step finish_step(const FinishRequest& request, const Probe& probe, Timest
     return step;
   }
   step.kind = probe.unwritten ? Step::kWriteUnwritten : Step::kUpdate;
-  step.row = probe.row;
-  write_row(finished_row(request, probe, now), &step.row);
+  step.row = finished_row(request, probe, now);
   return step;
 }
 

@@ -29,23 +29,18 @@ static Datum lookup(FunctionCallInfo fcinfo) {
   Probe probe;
   probe_key(&store, id, GetActiveSnapshot(), &probe);
   if (probe.found && is_live(probe.view, GetCurrentTimestamp())) {
-    const KeyRow& row = probe.row;
-    Datum values[8] = {CStringGetTextDatum(state_name(probe.view.state)),
-                       row.get(kResponse),
-                       row.get(kAttempt),
-                       row.get(kCheckpoint),
-                       row.get(kCheckpointData),
-                       row.get(kFirstClaimedAt),
-                       row.get(kExpiresAt),
-                       row.get(kLeaseExpiresAt)};
-    bool nulls[8] = {false,
-                     row.null(kResponse),
-                     false,
-                     row.null(kCheckpoint),
-                     row.null(kCheckpointData),
-                     false,
-                     false,
-                     row.null(kLeaseExpiresAt)};
+    const StoredRow& row = probe.view;  // (an unwritten claim's too)
+    Datum values[8] = {CStringGetTextDatum(state_name(row.state)),
+                       datum(row.response),
+                       Int32GetDatum(row.attempt),
+                       datum(row.checkpoint),
+                       datum(row.checkpoint_data),
+                       TimestampTzGetDatum(row.first_claimed_at),
+                       TimestampTzGetDatum(row.expires_at),
+                       TimestampTzGetDatum(row.lease_expires_at.value_or(0))};
+    bool nulls[8] = {
+        false, row.response == 0,    false, row.checkpoint == 0, row.checkpoint_data == 0, false,
+        false, !row.lease_expires_at};
     tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
   }
   store_close(&store);

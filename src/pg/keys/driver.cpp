@@ -22,15 +22,15 @@ namespace idempotency {
 }
 
 void probe_key(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* probe) {
-  const KeyRow* row = unwritten_claim(id);
-  if (row == nullptr) {
+  const UnwrittenClaim* claim = unwritten_claim(id);
+  if (claim == nullptr) {
     store_probe(store, id, snapshot, probe);
     probe->view.claimed_by_this_transaction = probe->found && claimed_here(*probe, id);
-  } else {
+  } else {  // nothing stored yet: the key's identity, and the row decided for it
     *probe = Probe{};
     probe->found = probe->unwritten = true;
-    probe->row = *row;
-    read_row(*row, &probe->view);
+    probe->row = identity_row(claim->id);
+    probe->view = claim->row;
     probe->view.claimed_by_this_transaction = true;
   }
   if (probe->found && !same_route(probe->row, id.route)) raise_other_route(id);
@@ -98,6 +98,15 @@ void KeyLoop::apply(const Step& step) {
   write(step);
 }
 
+// The one place where a decision becomes a row of the store: the row the core decided
+// on, over the identity columns of the row looked at (or, for a key's first row, of
+// the key).
+KeyRow KeyLoop::stored_row(const Step& step) const {
+  KeyRow row = probe_->found ? probe_->row : identity_row(*id_);
+  write_row(step.row, &row);
+  return row;
+}
+
 // Inserts the row of a key expected to be new, under the identity lock; false (still
 // holding the lock) when a row of the key is there, to be looked at.
 bool KeyLoop::insert_first(const Step& step) {
@@ -105,7 +114,8 @@ bool KeyLoop::insert_first(const Step& step) {
     state_ = kTimedOut;
     return false;
   }
-  if (!store_insert(store_, &step.row, OnConflict::kBackOut)) return false;
+  KeyRow row = stored_row(step);
+  if (!store_insert(store_, &row, OnConflict::kBackOut)) return false;
   note_insert(inserts_);
   lock_.release();
   return true;
@@ -115,7 +125,10 @@ void KeyLoop::write(const Step& step) {
   bool first_row = step.kind == Step::kInsert || step.kind == Step::kKeepUnwritten;
   if (!first_row) lock_.release();
   TransactionId writer = probe_->writer;
-  const KeyRow& row = step.row;
+  KeyRow row;
+  if (step.kind != Step::kStop && step.kind != Step::kWait && step.kind != Step::kDelete &&
+      step.kind != Step::kDropUnwritten && step.kind != Step::kKeepUnwritten)
+    row = stored_row(step);
   WriteResult written = WriteResult::kBusy;
   switch (step.kind) {
     case Step::kStop: state_ = kDone; return;
@@ -132,7 +145,7 @@ void KeyLoop::write(const Step& step) {
         if (inserted_since(inserts_, inserts_before_)) return;  // look again
       }
       if (step.kind == Step::kKeepUnwritten) {
-        remember_unwritten_claim(row, lock_.get());  // keeps the lock
+        remember_unwritten_claim(*id_, step.row, lock_.get());  // keeps the lock
         state_ = kDone;
         return;
       }

@@ -36,7 +36,7 @@ struct Step {
     kDelete,          // delete the version looked at
   };
   Kind kind = kStop;
-  KeyRow row;
+  StoredRow row;  // what the core decided the key's row holds (not for kDelete and kDrop...)
 };
 
 // What this transaction's unwritten claim, or else the store, holds for `id`.
@@ -83,6 +83,7 @@ class KeyLoop {
   enum State { kFirst, kLooking, kDone, kTimedOut };
   bool insert_first(const Step& step);
   void write(const Step& step);
+  KeyRow stored_row(const Step& step) const;
 
   KeyStore* store_;
   const Identity* id_;

@@ -52,6 +52,36 @@ Identity row_identity(const KeyRow& row) {
                   reinterpret_cast<struct varlena*>(DatumGetPointer(row.get(kKey))), route};
 }
 
+StoredRow copy_stored_row(const StoredRow& row, MemoryContext context) {
+  MemoryContext caller = MemoryContextSwitchTo(context);
+  auto copy = [](Opaque value, bool byval, int16 length) {
+    return value == 0 ? 0 : opaque(datumCopy(datum(value), byval, length));
+  };
+  StoredRow copied = row;
+  copied.fingerprint_value = copy(row.fingerprint_value, false, -1);
+  if (row.fingerprint) {
+    bytea* fp = DatumGetByteaPP(datum(copied.fingerprint_value));
+    copied.fingerprint = std::string_view(VARDATA_ANY(fp), VARSIZE_ANY_EXHDR(fp));
+  }
+  copied.lease = copy(row.lease, false, sizeof(Interval));
+  copied.checkpoint = copy(row.checkpoint, false, -1);
+  copied.checkpoint_data = copy(row.checkpoint_data, false, -1);
+  copied.response = copy(row.response, false, -1);
+  MemoryContextSwitchTo(caller);
+  return copied;
+}
+
+Identity copy_identity(const Identity& id, MemoryContext context) {
+  MemoryContext caller = MemoryContextSwitchTo(context);
+  Identity copied = id;
+  copied.scope = static_cast<text*>(PG_DETOAST_DATUM_COPY(PointerGetDatum(id.scope)));
+  copied.key = PG_DETOAST_DATUM_COPY(PointerGetDatum(id.key));
+  if (id.route.given())
+    copied.route.value = datumCopy(id.route.value, id.route.byval, id.route.length);
+  MemoryContextSwitchTo(caller);
+  return copied;
+}
+
 bool same_route(const KeyRow& row, const Route& route) {
   if (row.null(kRoute) || !route.given()) return true;
   return datumIsEqual(row.get(kRoute), route.value, route.byval, route.length);

@@ -87,6 +87,9 @@ void read_row(const KeyRow& row, StoredRow* view);
 void write_row(const StoredRow& next, KeyRow* row);
 // A copy of `row` whose values live in `context`.
 KeyRow* copy_row_into(const KeyRow& row, MemoryContext context);
+// The same for a decided row and for an identity.
+StoredRow copy_stored_row(const StoredRow& row, MemoryContext context);
+Identity copy_identity(const Identity& id, MemoryContext context);
 // Whether the row's route is `route` (a row without one has no other route).
 bool same_route(const KeyRow& row, const Route& route);
 

@@ -39,9 +39,8 @@ static int claim_capacity;
 struct HeldLock {
   SubTransactionId subxact;  // the subtransaction that holds it
   IdentityLock lock;
-  // An unwritten claim (row != nullptr): its identity and row, in TopTransactionContext.
-  Identity id;
-  KeyRow* row;
+  // An unwritten claim (claim != nullptr), in TopTransactionContext.
+  UnwrittenClaim* claim;
   SubTransactionId written_in;  // InvalidSubTransactionId until a finish writes its row
 };
 // The unwritten claims, and at most one lock of a call in progress.
@@ -100,7 +99,7 @@ bool hold_identity_lock(const IdentityLock& lock, TimestampTz deadline) {
   if (held_count == kMaxHeldLocks) elog(ERROR, "too many idempotency identity locks held");
   if (!lock_identity(lock, deadline)) return false;
   held[held_count++] =
-      HeldLock{GetCurrentSubTransactionId(), lock, {}, nullptr, InvalidSubTransactionId};
+      HeldLock{GetCurrentSubTransactionId(), lock, nullptr, InvalidSubTransactionId};
   return true;
 }
 
@@ -110,24 +109,26 @@ static bool same_lock(const IdentityLock& a, const IdentityLock& b) {
 
 static void drop_held(int i) {
   unlock_identity(held[i].lock);
-  if (held[i].row != nullptr) unwritten_count--;
+  if (held[i].claim != nullptr) unwritten_count--;
   held[i] = held[--held_count];
 }
 
 void release_identity_lock(const IdentityLock& lock) {
   for (int i = held_count - 1; i >= 0; i--)
-    if (held[i].row == nullptr && same_lock(held[i].lock, lock)) return drop_held(i);
+    if (held[i].claim == nullptr && same_lock(held[i].lock, lock)) return drop_held(i);
 }
 
 bool can_leave_claim_unwritten() { return unwritten_count < kMaxUnwrittenClaims; }
 
-void remember_unwritten_claim(const KeyRow& row, const IdentityLock& lock) {
-  KeyRow* kept = copy_row_into(row, TopTransactionContext);
+void remember_unwritten_claim(const Identity& id, const StoredRow& row, const IdentityLock& lock) {
   for (int i = held_count - 1; i >= 0; i--) {
     HeldLock& entry = held[i];
-    if (entry.row != nullptr || !same_lock(entry.lock, lock)) continue;
-    entry.id = row_identity(*kept);
-    entry.row = kept;
+    if (entry.claim != nullptr || !same_lock(entry.lock, lock)) continue;
+    auto kept = static_cast<UnwrittenClaim*>(
+        MemoryContextAlloc(TopTransactionContext, sizeof(UnwrittenClaim)));
+    *kept = UnwrittenClaim{copy_identity(id, TopTransactionContext),
+                           copy_stored_row(row, TopTransactionContext)};
+    entry.claim = kept;
     unwritten_count++;
     return;
   }
@@ -136,15 +137,15 @@ void remember_unwritten_claim(const KeyRow& row, const IdentityLock& lock) {
 
 static int find_unwritten(const Identity& id) {
   for (int i = 0; i < held_count; i++)
-    if (held[i].row != nullptr && held[i].written_in == InvalidSubTransactionId &&
-        same_identity(held[i].id, id))
+    if (held[i].claim != nullptr && held[i].written_in == InvalidSubTransactionId &&
+        same_identity(held[i].claim->id, id))
       return i;
   return -1;
 }
 
-const KeyRow* unwritten_claim(const Identity& id) {
+const UnwrittenClaim* unwritten_claim(const Identity& id) {
   int i = find_unwritten(id);
-  return i < 0 ? nullptr : held[i].row;
+  return i < 0 ? nullptr : held[i].claim;
 }
 
 // Written in the subtransaction that made the claim, the row can only be undone
@@ -152,7 +153,7 @@ const KeyRow* unwritten_claim(const Identity& id) {
 // Written deeper, a rollback to a savepoint between them makes the claim unwritten
 // again, so the lock stays until that savepoint is released into the claim's level.
 static void drop_if_written_at_its_level(int i) {
-  if (held[i].row != nullptr && held[i].written_in == held[i].subxact) drop_held(i);
+  if (held[i].claim != nullptr && held[i].written_in == held[i].subxact) drop_held(i);
 }
 
 void note_unwritten_claim_written(const Identity& id) {
@@ -202,8 +203,8 @@ static void raise_not_finished(const Identity& id) {
 static void check_claims_finished() {
   if (claim_count == 0 || open_claims == 0) return;
   for (int i = 0; i < held_count; i++)
-    if (held[i].row != nullptr && held[i].written_in == InvalidSubTransactionId)
-      raise_not_finished(held[i].id);
+    if (held[i].claim != nullptr && held[i].written_in == InvalidSubTransactionId)
+      raise_not_finished(held[i].claim->id);
   for (int i = 0; i < claim_count; i++) {
     KeyStore store;
     store_open(&store, claims[i].store, false);

@@ -33,12 +33,18 @@ void release_identity_lock(const struct IdentityLock& lock);
 
 // Whether another claim may be left unwritten.
 bool can_leave_claim_unwritten();
-// Remembers `row` (copied) as the unwritten row of this transaction's claim on its key,
+// An unwritten claim: the key's identity and the row the core decided on.
+struct UnwrittenClaim {
+  Identity id;
+  StoredRow row;
+};
+// Remembers `row` (copied) as the unwritten row of this transaction's claim on `id`,
 // which keeps holding the identity lock `lock` (taken with hold_identity_lock);
 // remember_claim is called as for any claim.
-void remember_unwritten_claim(const KeyRow& row, const struct IdentityLock& lock);
-// The row of this transaction's unwritten claim on `id`, or null.
-const KeyRow* unwritten_claim(const Identity& id);
+void remember_unwritten_claim(const Identity& id, const StoredRow& row,
+                              const struct IdentityLock& lock);
+// This transaction's unwritten claim on `id`, or null.
+const UnwrittenClaim* unwritten_claim(const Identity& id);
 // Notes that a finish wrote (or, releasing it, dropped) the claim's row. In the
 // subtransaction that made the claim that is final, and the identity lock goes;
 // deeper, a rollback makes the claim unwritten again, so the lock stays until the
