@@ -252,6 +252,7 @@ sub move_every_shard {
 # Four clients paying random keys of $n (accounts $base + 1 ..) through the
 # coordinator until stopped: pgbench runs of 5 s one after the other, since a client
 # stops at its first error (an IK006 while a shard moves, say) and the run with it.
+# (It also stops when the coordinator does, should the test die before stopping it.)
 sub start_load {
 	my ($prefix, $n, $base, $user) = @_;
 	my $dir = PostgreSQL::Test::Utils::tempdir();
@@ -263,8 +264,9 @@ sub start_load {
 CALL create_payment(('$prefix-' || :k)::idem_key, :account, 50);
 });
 	my $command = sprintf(
-		q{while [ ! -e %s/stop ]; do pgbench --no-vacuum --client=4 --jobs=2 --time=5 --file %s --host %s --port %d --username %s postgres; done},
-		$dir, $file, $coordinator->host, $coordinator->port, $user // 'postgres');
+		q{while [ ! -e %s/stop ] && pg_isready -q --host %s --port %d; do pgbench --no-vacuum --client=4 --jobs=2 --time=5 --file %s --host %s --port %d --username %s postgres; done},
+		$dir, $coordinator->host, $coordinator->port, $file, $coordinator->host, $coordinator->port,
+		$user // 'postgres');
 	my ($out, $err) = ('', '');
 	my $run = IPC::Run::start([ 'bash', '-c', $command ], '>', \$out, '2>', \$err);
 	return { run => $run, err => \$err, dir => $dir };
