@@ -126,9 +126,6 @@ void KeyLoop::write(const Step& step) {
   if (!first_row) lock_.release();
   TransactionId writer = probe_->writer;
   KeyRow row;
-  if (step.kind != Step::kStop && step.kind != Step::kWait && step.kind != Step::kDelete &&
-      step.kind != Step::kDropUnwritten && step.kind != Step::kKeepUnwritten)
-    row = stored_row(step);
   WriteResult written = WriteResult::kBusy;
   switch (step.kind) {
     case Step::kStop: state_ = kDone; return;
@@ -150,6 +147,7 @@ void KeyLoop::write(const Step& step) {
         return;
       }
       // A unique index holds a row the probe did not see: let go and look again.
+      row = stored_row(step);
       written = store_insert(store_, &row, OnConflict::kBackOut) ? WriteResult::kDone
                                                                  : WriteResult::kChanged;
       if (written == WriteResult::kDone) note_insert(inserts_);
@@ -165,6 +163,7 @@ void KeyLoop::write(const Step& step) {
     case Step::kWriteUnwritten:
       // The claim holds the lock and saw no row: only a row written outside the
       // functions (a hand-made INSERT) can be in the way, and then the claim fails.
+      row = stored_row(step);
       if (!store_insert(store_, &row, OnConflict::kReport)) raise_row_in_the_way(*id_);
       note_insert(inserts_);
       note_unwritten_claim_written(*id_);
@@ -174,7 +173,10 @@ void KeyLoop::write(const Step& step) {
       note_unwritten_claim_written(*id_);
       state_ = kDone;
       return;
-    case Step::kUpdate: written = store_update(store_, &probe_->tid, &row, &writer); break;
+    case Step::kUpdate:
+      row = stored_row(step);
+      written = store_update(store_, &probe_->tid, &row, &writer);
+      break;
     case Step::kDelete: written = store_delete(store_, &probe_->tid, &writer); break;
   }
   if (written == WriteResult::kDone)

@@ -44,14 +44,6 @@ KeyRow identity_row(const Identity& id) {
   return row;
 }
 
-Identity row_identity(const KeyRow& row) {
-  Route route = row.route_type;
-  route.value = row.null(kRoute) ? 0 : row.get(kRoute);
-  if (row.null(kRoute)) route.type = InvalidOid;
-  return Identity{DatumGetObjectId(row.get(kRole)), DatumGetTextPP(row.get(kScope)),
-                  reinterpret_cast<struct varlena*>(DatumGetPointer(row.get(kKey))), route};
-}
-
 StoredRow copy_stored_row(const StoredRow& row, MemoryContext context) {
   MemoryContext caller = MemoryContextSwitchTo(context);
   auto copy = [](Opaque value, bool byval, int16 length) {

@@ -79,8 +79,6 @@ struct KeyRow {
 
 // The row of a new key: its identity, route and reap slot; every other column NULL.
 KeyRow identity_row(const Identity& id);
-// The identity a row belongs to (pointing into the row's values).
-Identity row_identity(const KeyRow& row);
 // The row as the core sees it (ERRCODE_DATA_CORRUPTED for an unknown state).
 void read_row(const KeyRow& row, StoredRow* view);
 // Sets every column the core decides from `next`.

@@ -67,18 +67,9 @@ static T* grow(T* array, int count, int* capacity) {
 
 void remember_claim(const Identity& id, bool lease, const StoreOids& store) {
   claims = grow(claims, claim_count, &claim_capacity);
-  MemoryContext old = MemoryContextSwitchTo(TopTransactionContext);
-  RememberedClaim& claim = claims[claim_count];
-  claim.subxact = GetCurrentSubTransactionId();
-  claim.id.role = id.role;
-  claim.id.scope = static_cast<text*>(PG_DETOAST_DATUM_COPY(PointerGetDatum(id.scope)));
-  claim.id.key = PG_DETOAST_DATUM_COPY(PointerGetDatum(id.key));
-  claim.id.route = Route{};  // not needed to find it again: the store is the shard
-  claim.lease = lease;
-  claim.store = store;
-  claim_count++;
+  claims[claim_count++] = RememberedClaim{GetCurrentSubTransactionId(),
+                                          copy_identity(id, TopTransactionContext), lease, store};
   if (!lease) open_claims++;
-  MemoryContextSwitchTo(old);
 }
 
 void note_claim_finished() { open_claims--; }
@@ -205,16 +196,19 @@ static void check_claims_finished() {
   for (int i = 0; i < held_count; i++)
     if (held[i].claim != nullptr && held[i].written_in == InvalidSubTransactionId)
       raise_not_finished(held[i].claim->id);
+  KeyStore store;
   for (int i = 0; i < claim_count; i++) {
-    KeyStore store;
-    store_open(&store, claims[i].store, false);
+    if (i == 0 || claims[i].store.heap != store.oids.heap) {  // another shard (Citus)
+      if (i > 0) store_close(&store);
+      store_open(&store, claims[i].store, false);
+    }
     Probe probe;
     // A dirty read sees this transaction's latest writes whatever the command id.
     store_probe(&store, claims[i].id, nullptr, &probe);
     if (probe.found && claimed_here(probe, claims[i].id) && !probe.view.lease_expires_at)
       raise_not_finished(claims[i].id);
-    store_close(&store);
   }
+  store_close(&store);
 }
 
 static void on_transaction_event(XactEvent event, void*) {
