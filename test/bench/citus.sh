@@ -41,6 +41,7 @@ for node in coordinator worker1 worker2; do
   start_cluster "$work/$node" "$port" "shared_preload_libraries = 'citus,idempotency'" \
     "max_connections = 100" "max_prepared_transactions = 100" "shared_buffers = '256MB'" \
     "max_wal_size = '4GB'" "citus.enable_statistics_collection = off" \
+    "citus.enable_stat_counters = on" \
     "idempotency.reaper_naptime = '1s'"
   ports+=("$port")
 done
@@ -89,19 +90,32 @@ SQL
 done
 chmod 644 "$work"/*.sql
 
-# run WHERE PROCEDURE: prints "tps latency_ms failed"
+# Distributed query executions Citus counted on all three nodes (each a statement it
+# planned and ran on a shard, locally or over a connection).
+executions() {
+  local port total=0
+  for port in "${ports[@]}"; do
+    total=$((total + $(on "$port" -At -c "SELECT query_execution_single_shard + query_execution_multi_shard
+                                           FROM citus_stat_counters WHERE name = 'postgres'")))
+  done
+  echo "$total"
+}
+
+# run WHERE PROCEDURE: prints "tps latency_ms failed executions_per_call"
 run() {
-  local port=${ports[0]} out
+  local port=${ports[0]} out before
   [ "$1" = worker ] && port=${ports[1]}
+  before=$(executions)
   out=$(runuser -u postgres -- env PGOPTIONS="-c synchronous_commit=off" \
     pgbench -n -h 127.0.0.1 -p "$port" -c "$CLIENTS" -j 2 -T "$SECONDS_PER_RUN" \
     -f "$work/$1_$2.sql" postgres 2>&1) || true
-  local tps latency failed
+  local tps latency failed processed
   tps=$(sed -nE 's/^tps = ([0-9.]+).*/\1/p' <<<"$out")
   latency=$(sed -nE 's/^latency average = ([0-9.]+) ms/\1/p' <<<"$out")
   failed=$(sed -nE 's/^number of failed transactions: ([0-9]+).*/\1/p' <<<"$out")
+  processed=$(sed -nE 's/^number of transactions actually processed: ([0-9]+).*/\1/p' <<<"$out")
   grep -q aborted <<<"$out" && failed=aborted
-  echo "${tps:-0} ${latency:-0} ${failed:-0}"
+  echo "${tps:-0} ${latency:-0} ${failed:-0} $(awk -v e="$(($(executions) - before))" -v n="${processed:-0}" 'BEGIN { printf "%.2f", n ? e / n : 0 }')"
 }
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
@@ -109,9 +123,9 @@ declare -A results
 for round in $(seq "$ROUNDS"); do
   for where in coordinator worker; do
     for procedure in floor_payment create_payment; do
-      read -r tps latency failed < <(run "$where" "$procedure")
-      results[$where,$procedure]+="$tps $latency $failed"$'\n'
-      echo "round $round $where $procedure: $tps tps, $latency ms, $failed failed" >&2
+      read -r tps latency failed per_call < <(run "$where" "$procedure")
+      results[$where,$procedure]+="$tps $latency $failed $per_call"$'\n'
+      echo "round $round $where $procedure: $tps tps, $latency ms, $failed failed, $per_call Citus executions per call" >&2
     done
   done
 done
@@ -124,16 +138,17 @@ out=test/bench/results-citus-pg$PG_VERSION.md
 {
   echo "PostgreSQL $("$PG_CONFIG" --version | awk '{ print $2 }'), Citus $citus, 1 coordinator + 2 workers on one machine ($(nproc) cores), 32 shards, $CLIENTS clients, synchronous_commit off, $ROUNDS rounds x ${SECONDS_PER_RUN}s, median TPS (min-max)."
   echo
-  echo "| called | floor (no claim) TPS | ext (claim + complete) TPS | ext / floor | latency floor / ext ms |"
-  echo "| --- | --- | --- | --- | --- |"
+  echo "| called | floor (no claim) TPS | ext (claim + complete) TPS | ext / floor | latency floor / ext ms | Citus executions per call, floor / ext |"
+  echo "| --- | --- | --- | --- | --- | --- |"
   for where in coordinator worker; do
     floor=$(awk 'NF { print $1 }' <<<"${results[$where,floor_payment]}" | median)
     ext=$(awk 'NF { print $1 }' <<<"${results[$where,create_payment]}" | median)
     range() { awk 'NF { print $1 }' <<<"${results[$where,$1]}" | sort -n | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%.0f-%.0f", lo, hi }'; }
     lat() { awk 'NF { print $2 }' <<<"${results[$where,$1]}" | median; }
-    printf '| %s | %.0f (%s) | %.0f (%s) | %.2f | %s / %s |\n' "$where" "$floor" "$(range floor_payment)" \
+    per_call() { awk 'NF { print $4 }' <<<"${results[$where,$1]}" | median; }
+    printf '| %s | %.0f (%s) | %.0f (%s) | %.2f | %s / %s | %s / %s |\n' "$where" "$floor" "$(range floor_payment)" \
       "$ext" "$(range create_payment)" "$(awk -v a="$ext" -v b="$floor" 'BEGIN { print a / b }')" \
-      "$(lat floor_payment)" "$(lat create_payment)"
+      "$(lat floor_payment)" "$(lat create_payment)" "$(per_call floor_payment)" "$(per_call create_payment)"
   done
   echo
   echo "Payments: $paid; keys stored (one per ext call): $keys."
