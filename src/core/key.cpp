@@ -94,13 +94,31 @@ static int compare_bytes(std::string_view a, std::string_view b) noexcept {
   return (a.size() > b.size()) - (a.size() < b.size());
 }
 
+// A stored UUID against a key stored as its text, as their texts compare (memcmp's
+// order, then the shorter first): the UUID's characters are made only up to the first
+// that differs, most often the first (an index descent meets many such pairs in a
+// store of both kinds of keys).
+static int compare_uuid_with_text(std::string_view uuid, std::string_view text) noexcept {
+  static const char digits[] = "0123456789abcdef";
+  std::size_t n = 0;
+  for (std::size_t i = 0; i < kUuidBytes; i++) {
+    auto byte = static_cast<unsigned char>(uuid[1 + i]);
+    char next[3] = {'-', digits[byte >> 4], digits[byte & 0xF]};
+    for (int k = is_hyphen_position(n) ? 0 : 1; k < 3; k++, n++) {
+      if (n == text.size()) return 1;
+      int c = static_cast<unsigned char>(next[k]) - static_cast<unsigned char>(text[n]);
+      if (c != 0) return c;
+    }
+  }
+  return text.size() > n ? -1 : 0;
+}
+
 // Two stored UUIDs order as their texts do (hex digits sort as their values, and the
 // hyphens stand at the same places), so only a mixed pair needs a UUID's text.
 int compare_stored_keys(std::string_view a, std::string_view b) noexcept {
   if (is_stored_uuid(a) == is_stored_uuid(b)) return compare_bytes(a, b);
-  char text[kUuidTextBytes];
-  if (is_stored_uuid(a)) return compare_bytes({text, load_key(a, text)}, b);
-  return compare_bytes(a, {text, load_key(b, text)});
+  if (is_stored_uuid(a)) return compare_uuid_with_text(a, b);
+  return -compare_uuid_with_text(b, a);
 }
 
 std::string describe(const KeyProblem& problem) {

@@ -42,6 +42,17 @@ inline List* insert_index_tuples(ResultRelInfo* result_rel, TupleTableSlot* slot
 #endif
 }
 
+// 17 added an index access method's cleanup after inserts (BRIN's), which
+// ExecCloseIndices calls; before, there is none.
+inline void index_insert_cleanup(Relation index, IndexInfo* info) {
+#if PG_VERSION_NUM >= 170000
+  ::index_insert_cleanup(index, info);
+#else
+  (void)index;
+  (void)info;
+#endif
+}
+
 // Which index entries an update needs: none (HOT), all, or (16+) only summarizing ones.
 enum class IndexUpdate { kNone, kAll, kSummarizing };
 

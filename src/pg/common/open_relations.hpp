@@ -41,8 +41,12 @@ Oid extension_relation(const char* name);
 // idem_stats).
 Relation open_current(Oid oid, LOCKMODE mode, Oid* opened);
 
-// Closes them all (before commit, prepare and utility commands).
-void close_transaction_relations();
+// Closes them all (before commit, prepare and utility commands). The locks of the
+// tables are held until the transaction ends; those of the indexes are released, as
+// the executor releases them after a statement, except at commit (kKeepToTransactionEnd),
+// where the transaction's end that follows releases them with all its others, cheaper.
+enum class IndexLocks { kRelease, kKeepToTransactionEnd };
+void close_transaction_relations(IndexLocks index_locks = IndexLocks::kRelease);
 // Closes them all if any was opened, or got its index writer, in the subtransaction
 // `aborted` or one below it: what they describe may have been undone with it (an
 // index created or dropped, a TRUNCATE's new files), so the next call opens afresh.

@@ -10,7 +10,9 @@ extern "C" {
 #include "access/xact.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "catalog/pg_type.h"
 #include "utils/builtins.h"
+#include "utils/typcache.h"
 }
 
 namespace idempotency {
@@ -48,11 +50,19 @@ static Datum claim_result(FunctionCallInfo fcinfo, Outcome outcome, const Stored
   // Looked up once per call site, not per call: the claim path runs in every transaction.
   auto desc = static_cast<TupleDesc>(fcinfo->flinfo->fn_extra);
   if (desc == nullptr) {
-    TupleDesc looked_up;
-    if (get_call_result_type(fcinfo, nullptr, &looked_up) != TYPEFUNC_COMPOSITE)
-      elog(ERROR, "idem_claim must return a composite type");
+    // PL/pgSQL makes the call site anew in each transaction: the result type is taken
+    // from the call's expression and its description from the type cache, when they
+    // can be, rather than by get_call_result_type's look-up of the function.
+    Oid type = get_fn_expr_rettype(fcinfo->flinfo);
     MemoryContext old = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
-    desc = BlessTupleDesc(CreateTupleDescCopy(looked_up));
+    if (OidIsValid(type) && type != RECORDOID) {
+      desc = lookup_rowtype_tupdesc_copy(type, -1);
+    } else {
+      TupleDesc looked_up;
+      if (get_call_result_type(fcinfo, nullptr, &looked_up) != TYPEFUNC_COMPOSITE)
+        elog(ERROR, "idem_claim must return a composite type");
+      desc = BlessTupleDesc(CreateTupleDescCopy(looked_up));
+    }
     MemoryContextSwitchTo(old);
     fcinfo->flinfo->fn_extra = desc;
   }

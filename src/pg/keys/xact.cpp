@@ -214,7 +214,12 @@ static void check_claims_finished() {
 static void on_transaction_event(XactEvent event, void*) {
   switch (event) {
     case XACT_EVENT_PRE_COMMIT:
+      check_claims_finished();
+      close_transaction_relations(IndexLocks::kKeepToTransactionEnd);
+      break;
     case XACT_EVENT_PRE_PREPARE:
+      // A prepared transaction keeps its locks until COMMIT PREPARED: release the
+      // indexes' as a statement's executor would.
       check_claims_finished();
       close_transaction_relations();
       break;
