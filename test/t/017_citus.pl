@@ -81,6 +81,15 @@ max_worker_processes = 24
 citus.enable_statistics_collection = off
 });
 	$node->start;
+	# Releases with output_plugin_libraries (15.20, 17.11, 18.6 and later) let logical
+	# decoding load only the plugins it names; a non-blocking shard split decodes with
+	# Citus's own plugin, "citus".
+	my $plugins = $node->safe_psql('postgres',
+		q{SELECT current_setting('output_plugin_libraries', true)});
+	if ($plugins ne '') {
+		$node->append_conf('postgresql.conf', "output_plugin_libraries = '$plugins, citus'");
+		$node->reload;
+	}
 	$node->safe_psql('postgres', 'CREATE EXTENSION citus');
 }
 my %name_of = map { ($_->port => $_->name) } @nodes;
@@ -406,16 +415,20 @@ my @shards = map { [ split /\|/ ] } split /\n/, $coordinator->safe_psql('postgre
 	FROM pg_dist_shard s JOIN citus_shards c USING (shardid)
 	WHERE s.logicalrelid = 'payments'::regclass ORDER BY s.shardid});
 $load = start_load('e2', 500, 7500, 'app');
+my %split_modes;
 for my $shard (@shards) {
 	my ($id, $min, $max, $port) = @$shard;
 	my $middle = int(($min + $max) / 2);
 	my $other = $port == $worker1->port ? $worker2->port : $worker1->port;
-	# (block_writes: a non-blocking split fails on PostgreSQL 18 with Citus 14.0.1 here,
-	# "library "citus" may not be used as an output plugin", before it copies anything.)
+	my $mode = $id % 2 ? 'force_logical' : 'block_writes';
 	$coordinator->safe_psql('postgres', qq{
 		SELECT citus_split_shard_by_split_points($id, ARRAY['$middle'],
-		         ARRAY[$node_id{$port}, $node_id{$other}], shard_transfer_mode => 'block_writes')});
+		         ARRAY[$node_id{$port}, $node_id{$other}], shard_transfer_mode => '$mode')});
+	$split_modes{$mode}++;
 }
+is(join(' ', map { "$_=$split_modes{$_}" } sort keys %split_modes),
+	sprintf('block_writes=%d force_logical=%d', scalar @shards / 2, scalar @shards / 2),
+	'(e) split in both transfer modes');
 $errors = stop_load($load);
 note('(e) errors the clients met during the splits: ' . describe($errors));
 is(join(', ', unexpected($errors)), '', '(e) no error but IK006 and in_progress');
