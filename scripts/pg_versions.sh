@@ -221,14 +221,37 @@ _pgv_build() {
         --with-openssl --with-icu &&
       _pgv_step "$log" "make -j2" make -j2 &&
       _pgv_step "$log" "make install" make install &&
-      # Tests use amcheck and pgcrypto's hmac(); PGXS's ISOLATION looks for
+      # Tests use amcheck and pgcrypto's hmac(), the peers benchmark pg_stat_statements;
+      # PGXS's ISOLATION looks for
       # pg_isolation_regress (and it for isolationtester) in lib/pgxs/src/test/isolation.
       _pgv_step "$log" "install contrib/amcheck" make -C contrib/amcheck install &&
       _pgv_step "$log" "install contrib/pgcrypto" make -C contrib/pgcrypto install &&
+      _pgv_step "$log" "install contrib/pg_stat_statements" make -C contrib/pg_stat_statements install &&
       _pgv_step "$log" "install isolation tester" make -C src/test/isolation -j2 install &&
       touch "$prefix/.complete"
   ) || return
   rm -rf "$work" # about 1 GB; the log and the prefix stay
+}
+
+# pg_contrib VERSION MODULE: makes sure contrib MODULE is installed in the build of
+# VERSION, building it with PGXS from the cached source tarball when the build is older
+# than the module's place in _pgv_build (15 has all of contrib from Debian's packages).
+pg_contrib() {
+  local v=$1 module=$2 prefix pg_config release tarball dir
+  prefix=$(pg_prefix "$v") || return 1
+  pg_config=$prefix/bin/pg_config
+  [ -f "$("$pg_config" --sharedir)/extension/$module.control" ] && return 0
+  release=$("$pg_config" --version | awk '{ print $2 }')
+  tarball=$(ls "$PGV_CACHE/src/postgresql-${v}_$release.orig.tar."* 2>/dev/null | head -n 1)
+  [ -n "$tarball" ] ||
+    { echo "pg_contrib: no source tarball of $release in $PGV_CACHE/src" >&2; return 1; }
+  dir=$(mktemp -d /tmp/pg-contrib-XXXXXX) || return 1
+  tar -xf "$tarball" -C "$dir" --strip-components=1 --wildcards "*/contrib/$module" &&
+    logged_step pg_versions "$dir/build.log" "contrib/$module into $v" \
+      make -C "$dir/contrib/$module" USE_PGXS=1 PG_CONFIG="$pg_config" install
+  local status=$?
+  rm -rf "$dir"
+  return "$status"
 }
 
 # pg_versions_selftest [VERSION...]: for each version, pg_config --version; a cluster

@@ -3,9 +3,11 @@
 # Not part of CI.
 #
 #   test/bench/peers/run.sh     # CLIENTS=8 ROUNDS=3 SECONDS_PER_RUN=10 RELAY_EVENTS=5000 RELAY_SECONDS=20
+#   PG_VERSION=18 test/bench/peers/run.sh   # another PostgreSQL (scripts/pg_versions.sh)
 #
 # It installs the npm packages pinned in package-lock.json here (npm ci), builds and
-# installs the extension into PostgreSQL 15, starts ONE throwaway cluster (as the
+# installs the extension into PostgreSQL 15 (or PG_VERSION; pg_stat_statements added to
+# that build if it lacks it), starts ONE throwaway cluster (as the
 # postgres OS user, in a temporary directory, on 127.0.0.1; pg_stat_statements and
 # idempotency preloaded; wal_level logical for the library's replication relay;
 # checkpoint_timeout 1h and max_wal_size 8GB, so that no checkpoint and its full-page
@@ -29,22 +31,30 @@
 # of every process of the cluster from /proc), client CPU per request (the Node.js
 # process), WAL bytes per request (pg_current_wal_insert_lsn), p50 and p99 latency;
 # for duplicates the payments per key and how long a duplicate waits.
-# Prints Markdown tables and writes them to test/bench/peers/results-pg15.md.
+# Prints Markdown tables and writes them to test/bench/peers/results-pgNN.md.
 # docs/performance-peers.md says what each contender does and the caveats.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$here/../../.."
 . scripts/lib.sh
+. scripts/pg_versions.sh
+PG_VERSION=${PG_VERSION:-15}
 
 export CLIENTS=${CLIENTS:-8} ROUNDS=${ROUNDS:-3} SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
 export RELAY_EVENTS=${RELAY_EVENTS:-5000} RELAY_SECONDS=${RELAY_SECONDS:-20}
 
 work=$(mktemp -d /tmp/idempotency-peers.XXXXXX)
 chmod 755 "$work"
-trap 'stop_cluster "$work/cluster"; rm -rf "$work"' EXIT
+trap 'stop_cluster "$work/cluster"; rm -rf "$work"; make -s clean PG_CONFIG="$PG_CONFIG" >/dev/null' EXIT
 
 REQUIRED_PACKAGES=(postgresql-15 postgresql-server-dev-15 libssl-dev g++ make nodejs)  # npm comes with nodejs
 ensure_packages
+if [ "$PG_VERSION" != 15 ]; then
+  PG_BIN=$(pg_prefix "$PG_VERSION")/bin
+  PG_CONFIG=$PG_BIN/pg_config
+  export PATH="$PG_BIN:$PATH"
+  pg_contrib "$PG_VERSION" pg_stat_statements
+fi
 (cd "$here" && npm ci --no-audit --no-fund --loglevel=error) >&2
 make -s clean PG_CONFIG="$PG_CONFIG" >/dev/null  # objects of another version's headers
 build_and_install
@@ -57,4 +67,4 @@ psql_() { runuser -u postgres -- psql -X -q -h 127.0.0.1 -p "$port" -v ON_ERROR_
 psql_ -d postgres -c "CREATE DATABASE bench" -c "CREATE ROLE observer SUPERUSER LOGIN"
 psql_ -d bench -c "CREATE EXTENSION pg_stat_statements" -f "$here/setup.sql"
 
-PGPORT=$port PGDATA="$work/cluster/data" RESULTS="$here/results-pg15.md" node "$here/bench.js"
+PGPORT=$port PGDATA="$work/cluster/data" RESULTS="$here/results-pg$PG_VERSION.md" node "$here/bench.js"
