@@ -25,6 +25,7 @@ extern "C" {
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/typcache.h"
+#include "utils/varlena.h"
 }
 
 namespace idempotency {
@@ -304,6 +305,24 @@ CitusRoute citus_lock_route(Oid relid, Datum value, Oid value_type) {
 }
 
 bool citus_is_coordinator() { return local_group() == 0; }
+
+bool citus_preloaded() {
+  static int preloaded = -1;  // shared_preload_libraries is fixed for the server's life
+  if (preloaded >= 0) return preloaded;
+  char* names = pstrdup(shared_preload_libraries_string);
+  List* libraries;
+  preloaded = 0;
+  if (SplitDirectoriesString(names, ',', &libraries)) {
+    ListCell* cell;
+    foreach (cell, libraries) {
+      const char* library = static_cast<const char*>(lfirst(cell));
+      const char* separator = last_dir_separator(library);
+      const char* base = separator == nullptr ? library : separator + 1;
+      if (strcmp(base, "citus") == 0 || strcmp(base, "citus" DLSUFFIX) == 0) preloaded = 1;
+    }
+  }
+  return preloaded;
+}
 
 bool citus_column(Oid relid, CitusColumn* column) {
   const Entry* entry = lookup(relid);

@@ -46,6 +46,10 @@ CitusRoute citus_lock_route(Oid relid, Datum value, Oid value_type);
 // Whether this node is a Citus coordinator (its group is 0: pg_dist_local_group).
 bool citus_is_coordinator();
 
+// Whether Citus is in shared_preload_libraries, without which it does not run (its
+// _PG_init refuses: shared_library_init.c). No catalog access.
+bool citus_preloaded();
+
 // The distribution column of a hash-distributed table (from the same cache, so no
 // catalog access on a hit); false, and nothing filled in, when `relid` is not one.
 struct CitusColumn {

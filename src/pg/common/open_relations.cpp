@@ -15,6 +15,7 @@ extern "C" {
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
+#include "utils/builtins.h"
 #include "utils/resowner.h"
 }
 
@@ -200,14 +201,14 @@ namespace {
 constexpr int kNamed = 64;
 struct NamedRelation {
   Oid oid;
-  const char* name;
+  NameData name;  // a copy: shards' names are made at run time
 };
 NamedRelation named[kNamed];
 int named_next = 0;
 
 const char* looked_up_as(Oid oid) {
   for (const NamedRelation& n : named)
-    if (n.oid == oid) return n.name;
+    if (n.oid == oid) return NameStr(n.name);
   return nullptr;
 }
 }  // namespace
@@ -216,7 +217,9 @@ Oid extension_relation(const char* name) {
   Oid schema = get_namespace_oid("idempotency", true);
   Oid oid = OidIsValid(schema) ? get_relname_relid(name, schema) : InvalidOid;
   if (OidIsValid(oid) && looked_up_as(oid) == nullptr) {
-    named[named_next] = NamedRelation{oid, name};
+    NameData copy;  // `name` may be a slot's own, the one overwritten next
+    namestrcpy(&copy, name);
+    named[named_next] = NamedRelation{oid, copy};
     named_next = (named_next + 1) % kNamed;
   }
   return oid;

@@ -31,8 +31,8 @@ struct IndexWriter {
 };
 IndexWriter index_writer_for_transaction(Relation heap);
 
-// The OID of the extension's relation `name` (a string literal) in schema idempotency,
-// or InvalidOid; remembered with its name, for open_current.
+// The OID of the extension's relation `name` in schema idempotency, or InvalidOid;
+// remembered with (a copy of) its name, for open_current.
 Oid extension_relation(const char* name);
 
 // `oid` locked in `mode`, or if a REINDEX CONCURRENTLY replaced that index since its

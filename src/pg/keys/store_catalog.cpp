@@ -41,10 +41,12 @@ static bool is_store_relation(const StoreOids& oids, Oid relid) {
 static LockSecret cached_secret;
 static bool secret_loaded;
 
-// Any invalidation while the store is not distributed, since the creation of
-// routed_keys (on a worker, by Citus) invalidates only routed_keys itself.
+// Any invalidation while the store is not distributed in a server running Citus,
+// since the creation of routed_keys (on a worker, by Citus) invalidates only
+// routed_keys itself, whose OID is not known yet.
 static void forget_oids(Datum, Oid relid) {
-  bool all = relid == InvalidOid || relid == cached_distributed || !OidIsValid(cached_distributed);
+  bool all = relid == InvalidOid || relid == cached_distributed ||
+             (!OidIsValid(cached_distributed) && citus_preloaded());
   if (all || is_store_relation(cached_oids, relid)) {
     cached_oids = StoreOids{};
     cached_distributed = InvalidOid;
@@ -82,6 +84,7 @@ const StoreOids& store_oids() {
   static bool callback_registered = false;
   if (OidIsValid(cached_oids.heap)) return cached_oids;
   if (!callback_registered) {
+    (void)citus_preloaded();  // worked out here, not inside the callback
     CacheRegisterRelcacheCallback(forget_oids, 0);
     callback_registered = true;
   }
@@ -131,10 +134,8 @@ Oid distributed_store() {
 static StoreOids shard_oids(int64 shardid, Oid route_type) {
   for (int i = 0; i < shards_cached; i++)
     if (cached_shards[i].shardid == shardid) return cached_shards[i];
-  // Remembered by name for open_current, so kept for the session.
   auto name = [shardid](const char* base) {
-    return static_cast<const char*>(
-        MemoryContextStrdup(TopMemoryContext, psprintf("%s_" INT64_FORMAT, base, shardid)));
+    return static_cast<const char*>(psprintf("%s_" INT64_FORMAT, base, shardid));
   };
   StoreOids oids{extension_relation(name("routed_keys")),
                  extension_relation(name("routed_keys_pkey")),
