@@ -796,6 +796,28 @@ is($coordinator->safe_psql('postgres', qq{
 	'p 1', '(f) and the lease claim committed during it is on the new node');
 
 # ---------------------------------------------------------------------------------
+# (n) A session's cache of its shard, dropped and rebuilt 300 times: no memory kept
+# ---------------------------------------------------------------------------------
+
+# Each ANALYZE of the shard invalidates its relation, and the next call looks the
+# shard's relations up again by name. The names are made per call, not kept.
+my ($n_account, $n_shard) = split /\|/, $coordinator->safe_psql('postgres', sprintf(q{
+	SELECT a, get_shard_id_for_distribution_column('idempotency.routed_keys', a::bigint)
+	FROM generate_series(1, 1000) a
+	JOIN citus_shards s
+	  ON s.shardid = get_shard_id_for_distribution_column('idempotency.routed_keys', a::bigint)
+	WHERE s.nodeport = %d ORDER BY a LIMIT 1}, $worker1->port));
+my $memory = q{SELECT total_bytes FROM pg_backend_memory_contexts WHERE name = 'TopMemoryContext';};
+my $once = "SELECT idem_once('n', 'n-1', route => $n_account);";
+my @memory_lines = split /\n/, $worker1->safe_psql('postgres',
+	"SET citus.override_table_visibility = off; $once $once $memory"
+	. "ANALYZE idempotency.routed_keys_$n_shard; $once" x 300 . $memory);
+is(scalar @memory_lines, 304, '(n) 302 calls and two looks at the memory');
+cmp_ok($memory_lines[-1] - $memory_lines[2], '<', 8192,
+	"(n) the session's top memory grew by less than 8 kB over 300 rebuilds of the shard's cache "
+	. "($memory_lines[2] -> $memory_lines[-1] bytes)");
+
+# ---------------------------------------------------------------------------------
 # (m) amcheck on every shard of the store
 # ---------------------------------------------------------------------------------
 
