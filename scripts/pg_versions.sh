@@ -222,8 +222,8 @@ _pgv_build() {
       _pgv_step "$log" "make -j2" make -j2 &&
       _pgv_step "$log" "make install" make install &&
       # Tests use amcheck and pgcrypto's hmac(), the peers benchmark pg_stat_statements;
-      # PGXS's ISOLATION looks for
-      # pg_isolation_regress (and it for isolationtester) in lib/pgxs/src/test/isolation.
+      # PGXS's ISOLATION looks for pg_isolation_regress (and it for isolationtester) in
+      # lib/pgxs/src/test/isolation.
       _pgv_step "$log" "install contrib/amcheck" make -C contrib/amcheck install &&
       _pgv_step "$log" "install contrib/pgcrypto" make -C contrib/pgcrypto install &&
       _pgv_step "$log" "install contrib/pg_stat_statements" make -C contrib/pg_stat_statements install &&

@@ -16,10 +16,12 @@
 #       taken over after a move; (o) idem_once under duplicates; (w) reaping on the
 #       workers, idem_stats; (k) a worker killed during load;
 #   (i) IK002 raised when the worker commits, one-phase and two-phase;
-#   (v) bad input: a route of another type, none, a key with two routes, the store
-#       distributed twice, a business table not distributed, undistributing with keys;
+#   (v) bad input: a route of another type, none, a key with two routes (22023 in one
+#       shard; across shards a key in each), the store distributed twice, a business
+#       table not distributed, undistributing with keys;
 #   (f) the C lookup of a value's shard agrees with Citus's, follows a move, and its
 #       lock makes a concurrent move wait;
+#   (n) a worker session's cache of its shard rebuilt 300 times keeps no memory;
 #   (m) amcheck on every shard of the store after all of it;
 #   (g) idempotency.keys or a messaging table distributed by hand: refused (0A000);
 #       messaging with a distributed store: refused (0A000).

@@ -321,6 +321,8 @@ bool citus_preloaded() {
       if (strcmp(base, "citus") == 0 || strcmp(base, "citus" DLSUFFIX) == 0) preloaded = 1;
     }
   }
+  list_free_deep(libraries);
+  pfree(names);
   return preloaded;
 }
 
