@@ -52,3 +52,24 @@ SELECT (SELECT (le32_at(d, 4), le32_at(d, 0)) FROM
 DROP FUNCTION le32(bigint), le32_at(bytea, int);
 DROP TABLE carol_locks, expected_tag;
 DROP ROLE regress_idem_carol;
+
+-- The secret is read once per session, with the store's other catalog facts, and kept
+-- until the store's own relations change: without Citus preloaded, a change to another
+-- table (each SET STATISTICS invalidates its relation) does not drop the cache, so the
+-- calls after it read the secret table no more.
+CREATE TABLE regress_unrelated (x int);
+BEGIN;
+SELECT idem_once('secret-cache', 'warm');
+SELECT seq_scan AS secret_reads_before FROM pg_stat_xact_user_tables
+WHERE relid = 'idempotency.lock_secret'::regclass \gset
+ALTER TABLE regress_unrelated ALTER x SET STATISTICS 1;
+SELECT idem_once('secret-cache', 'k1');
+ALTER TABLE regress_unrelated ALTER x SET STATISTICS 2;
+SELECT idem_once('secret-cache', 'k2');
+ALTER TABLE regress_unrelated ALTER x SET STATISTICS 3;
+SELECT idem_once('secret-cache', 'k3');
+SELECT seq_scan - :secret_reads_before AS secret_reads_after FROM pg_stat_xact_user_tables
+WHERE relid = 'idempotency.lock_secret'::regclass;
+COMMIT;
+SELECT idem_forget('secret-cache', k::idem_key) FROM unnest(ARRAY['warm', 'k1', 'k2', 'k3']) k;
+DROP TABLE regress_unrelated;
