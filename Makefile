@@ -1,7 +1,7 @@
 # PGXS build of the idempotency extension (C++17, OpenSSL libcrypto).
 EXTENSION = idempotency
 MODULE_big = idempotency
-DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql idempotency--1.1--1.2.sql idempotency--1.2--1.3.sql
+DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql idempotency--1.1--1.2.sql idempotency--1.2--1.3.sql idempotency--1.3--1.4.sql
 
 CORE_OBJS = src/core/key.o src/core/canonical_json.o src/core/sha256.o src/core/key_state.o src/core/outbox.o
 # One folder per concern (src/pg/README.md): what they share, what the extension knows
