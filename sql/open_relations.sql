@@ -83,12 +83,16 @@ PREPARE TRANSACTION 'idem_open_relations';
 COMMIT PREPARED 'idem_open_relations';
 SELECT count(*) AS stored FROM idempotency.keys WHERE scope = 'or-2pc';
 
--- idem_reap in the transaction that opened the key store, then another call.
-BEGIN;
+-- idem_reap in the transaction that opened the key store, then another call. (The
+-- expired key is another transaction's: the transaction's own rows are live until it
+-- ends, and idem_reap leaves them.)
 SELECT idem_once('or-reap', 'k', ttl => '1 millisecond') AS first_time;
 SELECT pg_sleep(0.01);
+BEGIN;
+SELECT idem_once('or-reap', 'opener') AS first_time;
 SELECT idem_reap() >= 1 AS reaped_it;
 SELECT idem_once('or-reap', 'k') AS first_time_again;
+SELECT idem_forget('or-reap', 'opener');
 COMMIT;
 
 -- What inserting into the indexes needs to know of them (key columns, uniqueness, the

@@ -29,7 +29,8 @@ static bool lease_is_live(const StoredRow& row, Micros now) {
 }
 
 bool is_live(const StoredRow& row, Micros now) noexcept {
-  return row.expires_at > now || lease_is_live(row, now);
+  return row.written_by_this_transaction || row.written_by_other_in_progress ||
+         row.expires_at > now || lease_is_live(row, now);
 }
 
 bool is_own_open_claim(const StoredRow& row) noexcept {
@@ -68,6 +69,7 @@ static StoredRow held_by(StoredRow row, const ClaimTerms& terms) {
   row.state = KeyState::kPending;
   row.response = 0;
   row.written_by_other_in_progress = false;
+  row.written_by_this_transaction = true;
   row.lease = terms.lease;
   row.lease_expires_at.reset();
   if (terms.lease != 0 && terms.lease_end) {
@@ -106,7 +108,7 @@ StoredRow claim_take_over(const StoredRow& stored, const ClaimTerms& terms) noex
 FinishAction decide_finish(const StoredRow* row, std::optional<std::int32_t> attempt,
                            Micros now) noexcept {
   if (row != nullptr && row->written_by_other_in_progress) return FinishAction::kWait;
-  // The calling transaction's own claim stays its own even past a tiny ttl.
+  // The calling transaction's own claim: finished without its attempt too.
   if (row != nullptr && row->state == KeyState::kPending && row->claimed_by_this_transaction)
     return (!attempt || *attempt == row->attempt) ? FinishAction::kApply : FinishAction::kClaimLost;
   if (row == nullptr || !is_live(*row, now))

@@ -51,14 +51,18 @@ struct StoredRow {
   Opaque checkpoint_data = 0;
   Opaque response = 0;                        // the stored response or error
   bool written_by_other_in_progress = false;  // xmin or xmax of a running transaction
+  // The calling transaction (or one of its subtransactions still open or committed
+  // into it) wrote this version, or holds it as a claim not yet written.
+  bool written_by_this_transaction = false;
   // The calling transaction made the pending claim this row holds (in-transaction
   // or with a lease), as opposed to merely writing it later (a checkpoint).
   bool claimed_by_this_transaction = false;
 };
 
-// Liveness: a row is live until it expires, and beyond that while it is pending with
-// a live lease. (Written by a transaction in progress counts too: the glue reports it
-// as written_by_other_in_progress, and every decision waits for that first.)
+// Liveness: a row is live until it expires; beyond that while it is pending with a
+// live lease, and, whatever its expires_at, while a transaction in progress wrote it:
+// another one (every decision waits for that first) or the calling one, for which
+// the window cannot pass mid-transaction (it replays and finishes what it wrote).
 bool is_live(const StoredRow& row, Micros now) noexcept;
 // A pending claim this transaction made in-transaction and has not finished.
 bool is_own_open_claim(const StoredRow& row) noexcept;

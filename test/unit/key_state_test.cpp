@@ -56,6 +56,12 @@ StoredRow being_written(StoredRow row) {
   return row;
 }
 
+// A version the calling transaction wrote (or its claim not yet written).
+StoredRow written_here(StoredRow row) {
+  row.written_by_this_transaction = true;
+  return row;
+}
+
 ClaimAction claim(const StoredRow& row,
                   std::optional<std::string_view> fingerprint = kNoFingerprint) {
   return decide_claim(&row, fingerprint, kNow);
@@ -139,6 +145,24 @@ TEST(DecideClaim, Rule1LiveLeaseKeepsAnExpiredRowLive) {
   // Only a pending row's lease counts.
   row.state = KeyState::kCompleted;
   EXPECT_EQ(claim(row), ClaimAction::kReplaceExpired);
+}
+
+TEST(DecideClaim, Rule1NotForARowThisTransactionWrotePastItsWindow) {
+  // The calling transaction is in progress: what it wrote is live until it ends, so
+  // its window cannot pass inside it (never claimed twice, idem_once true once).
+  EXPECT_EQ(claim(written_here(expired(committed(KeyState::kCompleted)))), ClaimAction::kReplay);
+  EXPECT_EQ(claim(written_here(expired(committed(KeyState::kFailed)))), ClaimAction::kReplay);
+  EXPECT_EQ(
+      claim(written_here(expired(fingerprinted(committed(KeyState::kCompleted)))), kFingerprintB),
+      ClaimAction::kMismatch);
+  // Abandoned or stale (a lease claim it checkpointed, marked by its own idem_reap):
+  // taken over, attempt + 1 and the checkpoint kept, not replaced as if absent.
+  EXPECT_EQ(claim(written_here(expired(committed(KeyState::kAbandoned)))), ClaimAction::kTakeOver);
+  EXPECT_EQ(claim(written_here(expired(with_lease(committed(KeyState::kPending), kNow - 1)))),
+            ClaimAction::kTakeOver);
+  // Its own pending claim stays rule 7.
+  EXPECT_EQ(claim(own(written_here(expired(committed(KeyState::kPending))))),
+            ClaimAction::kDuplicate);
 }
 
 // Rule 2 ------------------------------------------------------------------
@@ -283,7 +307,34 @@ TEST(DecideFinish, NotClaimedWithoutAnAttemptForAKeyGoneOrExpired) {
         << state_name(state);
 }
 
+TEST(DecideFinish, ARowThisTransactionFinishedStaysFinishedPastItsWindow) {
+  // Claim lost ("already completed in this transaction"), not "not claimed".
+  for (KeyState state : {KeyState::kCompleted, KeyState::kFailed}) {
+    StoredRow row = written_here(expired(committed(state)));
+    EXPECT_EQ(finish(row, std::nullopt), FinishAction::kClaimLost) << state_name(state);
+    EXPECT_EQ(finish(row, 1), FinishAction::kClaimLost) << state_name(state);
+  }
+  EXPECT_EQ(finish(own(written_here(expired(committed(KeyState::kPending)))), std::nullopt),
+            FinishAction::kApply);
+}
+
 // Liveness and states -------------------------------------------------------
+
+TEST(IsLive, WhateverItsWindowWhileATransactionInProgressWroteIt) {
+  for (KeyState state : kAllStates) {
+    EXPECT_TRUE(is_live(written_here(expired(committed(state))), kNow)) << state_name(state);
+    EXPECT_TRUE(is_live(being_written(expired(committed(state))), kNow)) << state_name(state);
+    EXPECT_FALSE(is_reapable(written_here(expired(committed(state))), kNow)) << state_name(state);
+  }
+  // What idem_abandoned lists does not change when the window passes inside it.
+  StoredRow stale = written_here(with_lease(committed(KeyState::kPending), kNow - 1));
+  EXPECT_TRUE(is_abandoned(stale, kNow));
+  EXPECT_TRUE(is_abandoned(expired(stale), kNow));
+  // A claim's row is the claiming transaction's.
+  EXPECT_TRUE(claim_fresh(ClaimTerms{}, kNow).written_by_this_transaction);
+  EXPECT_TRUE(
+      claim_take_over(committed(KeyState::kAbandoned), ClaimTerms{}).written_by_this_transaction);
+}
 
 TEST(IsLive, UntilExpiryOrWhileAPendingLeaseHolds) {
   EXPECT_TRUE(is_live(committed(KeyState::kCompleted), kNow));

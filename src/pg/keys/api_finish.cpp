@@ -135,7 +135,7 @@ static Datum forget(FunctionCallInfo fcinfo) {
   store_close(&store);
   if (step.kind == Step::kStop) PG_RETURN_BOOL(false);
   if (is_own_open_claim(probe.view)) note_claim_finished();
-  PG_RETURN_BOOL(probe.unwritten || is_live(probe.view, GetCurrentTimestamp()));
+  PG_RETURN_BOOL(is_live(probe.view, GetCurrentTimestamp()));  // (an unwritten claim is)
 }
 
 }  // namespace idempotency

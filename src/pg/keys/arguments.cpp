@@ -144,7 +144,7 @@ void raise_in_progress(const Identity& id) {
 
 void raise_claim_lost(const Identity& id, const Probe& probe, std::optional<int32_t> attempt) {
   const StoredRow& row = probe.view;
-  if (probe.found && probe.written_here && row.state != KeyState::kPending)
+  if (probe.found && row.written_by_this_transaction && row.state != KeyState::kPending)
     ereport(ERROR, errcode(ERRCODE_IDEM_CLAIM_LOST),
             errmsg("idempotency key \"%s\" in scope \"%s\" was already %s in this transaction",
                    key_text(id), text_to_cstring(id.scope), state_name(row.state)),

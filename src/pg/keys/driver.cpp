@@ -31,7 +31,7 @@ void probe_key(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* pr
     probe->found = probe->unwritten = true;
     probe->row = identity_row(claim->id);
     probe->view = claim->row;
-    probe->view.claimed_by_this_transaction = true;
+    probe->view.written_by_this_transaction = probe->view.claimed_by_this_transaction = true;
   }
   if (probe->found && !same_route(probe->row, id.route)) raise_other_route(id);
 }

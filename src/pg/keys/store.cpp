@@ -39,7 +39,7 @@ extern "C" {
 
 namespace idempotency {
 
-void copy_slot_row(TupleTableSlot* slot, KeyRow* row) {
+static void copy_slot_row(TupleTableSlot* slot, KeyRow* row) {
   slot_getallattrs(slot);
   int natts = slot->tts_tupleDescriptor->natts;
   for (int i = 0; i < natts; i++) {
@@ -55,6 +55,16 @@ void copy_slot_row(TupleTableSlot* slot, KeyRow* row) {
     Form_pg_attribute att = TupleDescAttr(slot->tts_tupleDescriptor, kRoute - 1);
     row->route_type = Route{0, att->atttypid, att->attlen, att->attbyval};
   }
+}
+
+void read_slot_row(TupleTableSlot* slot, KeyRow* row, StoredRow* view) {
+  copy_slot_row(slot, row);
+  read_row(*row, view);
+  bool should_free;
+  HeapTuple tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
+  // Its subtransactions' too, but not those rolled back (their versions are gone).
+  view->written_by_this_transaction =
+      TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tuple->t_data));
 }
 
 void store_open(KeyStore* store, const StoreOids& oids, bool for_write) {
@@ -99,17 +109,13 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
   // see the versions another transaction is writing: report the newest of those, so
   // an in_progress result shows the attempt that holds the key.
   while (index_getnext_slot(scan, ForwardScanDirection, slot)) {
-    bool should_free;
-    HeapTuple tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
     if (dirty_read) {
+      bool should_free;
+      HeapTuple tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
       auto buffered = reinterpret_cast<BufferHeapTupleTableSlot*>(slot);
       VersionLook look = look_at_version(tuple, buffered->buffer, &dirty);
-      if (!look.visible) {
-        if (!follow_update_chain(store->heap, look, &dirty, slot)) continue;
-        tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
-      }
+      if (!look.visible && !follow_update_chain(store->heap, look, &dirty, slot)) continue;
     }
-    TransactionId xmin = HeapTupleHeaderGetXmin(tuple->t_data);
     TransactionId writer = InvalidTransactionId;
     if (dirty_read) writer = TransactionIdIsValid(dirty.xmin) ? dirty.xmin : dirty.xmax;
     bool being_inserted = dirty_read && TransactionIdIsValid(dirty.xmin);
@@ -117,19 +123,17 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
       probe->found = true;
       probe->tid = slot->tts_tid;
       probe->writer = writer;
-      probe->written_here = TransactionIdIsCurrentTransactionId(xmin);
+      read_slot_row(slot, &probe->row, &probe->view);
+      probe->view.written_by_other_in_progress = TransactionIdIsValid(writer);
       // As ON CONFLICT does: acting on a row the transaction snapshot cannot see
       // would break REPEATABLE READ.
-      if (dirty_read && !TransactionIdIsValid(writer) && !probe->written_here &&
+      if (dirty_read && !TransactionIdIsValid(writer) && !probe->view.written_by_this_transaction &&
           IsolationUsesXactSnapshot() &&
           !table_tuple_satisfies_snapshot(store->heap, slot, GetTransactionSnapshot()))
         ereport(ERROR, errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
                 errmsg("could not serialize access due to concurrent update"),
                 errdetail("Another transaction committed this idempotency key after this "
                           "transaction's snapshot was taken."));
-      copy_slot_row(slot, &probe->row);
-      read_row(probe->row, &probe->view);
-      probe->view.written_by_other_in_progress = TransactionIdIsValid(writer);
     }
     // Only a version some other transaction is changing can have a successor.
     if (!TransactionIdIsValid(writer) || being_inserted) break;

@@ -36,12 +36,11 @@ struct KeyStore {
 // What a probe saw.
 struct Probe {
   bool found;
-  bool unwritten;     // this transaction's in-transaction claim, its row not yet written
-  bool written_here;  // this transaction wrote the version found
+  bool unwritten;  // this transaction's in-transaction claim, its row not yet written
   ItemPointerData tid;
   TransactionId writer;  // another running transaction writing this row version
   KeyRow row;            // copied into the caller's memory context
-  StoredRow view;        // the same row for the decision functions
+  StoredRow view;        // the same row for the decision functions (with who wrote it)
 };
 
 static_assert(std::is_trivially_destructible_v<KeyStore>);

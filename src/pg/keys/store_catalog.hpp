@@ -55,7 +55,8 @@ struct LockSecret {
 };
 LockSecret store_lock_secret();
 
-// A row of a store's slot, its values copied into the current memory context.
-void copy_slot_row(TupleTableSlot* slot, KeyRow* row);
+// The row version in a store's slot: its values copied into the current memory
+// context, and the core's view of it, with whether this transaction wrote it.
+void read_slot_row(TupleTableSlot* slot, KeyRow* row, StoredRow* view);
 
 }  // namespace idempotency

@@ -50,8 +50,7 @@ static int64 visit_rows(KeyStore* store, Next next, int64 max_rows, RowVisitor v
     KeyRow row;
     StoredRow view;
     ItemPointerData tid = store->read_slot->tts_tid;
-    copy_slot_row(store->read_slot, &row);
-    read_row(row, &view);
+    read_slot_row(store->read_slot, &row, &view);
     seen(view);
     if (visit(store, &row, view, &tid, context)) counted++;
     MemoryContextSwitchTo(caller);

@@ -167,7 +167,7 @@ const Identity* last_lease_claim() {
 }
 
 bool claimed_here(const Probe& probe, const Identity& id) {
-  return probe.written_here && probe.view.state == KeyState::kPending &&
+  return probe.view.written_by_this_transaction && probe.view.state == KeyState::kPending &&
          (!probe.view.lease_expires_at || made_lease_claim(id));
 }
 
