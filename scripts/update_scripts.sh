@@ -27,8 +27,12 @@ body() {
   awk 'seen { print } /^\\echo .*\\quit$/ { seen = 1 }' "$1"
 }
 
+sha256() {
+  if command -v sha256sum >/dev/null; then sha256sum "$1"; else shasum -a 256 "$1"; fi | cut -d' ' -f1
+}
+
 generate() {
-  if [ "$(sha256sum "$released" | cut -d' ' -f1)" != "$released_sha256" ]; then
+  if [ "$(sha256 "$released")" != "$released_sha256" ]; then
     echo "$released is not the released 1.3 script (its sha256 differs)" >&2
     return 1
   fi
