@@ -1,7 +1,8 @@
 # PGXS build of the idempotency extension (C++17, OpenSSL libcrypto).
 EXTENSION = idempotency
 MODULE_big = idempotency
-DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql idempotency--1.1--1.2.sql idempotency--1.2--1.3.sql idempotency--1.3--1.4.sql
+DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql idempotency--1.1--1.2.sql idempotency--1.2--1.3.sql idempotency--1.3--1.4.sql \
+       idempotency--1.2--1.4.sql
 
 CORE_OBJS = src/core/key.o src/core/canonical_json.o src/core/sha256.o src/core/key_state.o src/core/outbox.o
 # One folder per concern (src/pg/README.md): what they share, what the extension knows
@@ -49,6 +50,16 @@ include $(PGXS)
 # Debian's PGXS tracks no header dependencies: rebuild every object when a header
 # changes, so that no object keeps an old struct or column layout.
 $(OBJS): $(wildcard src/core/*.hpp src/pg/*/*.hpp)
+
+# The direct update path from 1.2 is made from idempotency--1.2--1.3.sql (its grants
+# carried by signature) and idempotency--1.3--1.4.sql, never edited by hand; `make`
+# remakes it when either changes, and test/run_all.sh checks the committed file is
+# what this makes (scripts/update_scripts.sh says why).
+all: idempotency--1.2--1.4.sql
+idempotency--1.2--1.4.sql: idempotency--1.2--1.3.sql idempotency--1.3--1.4.sql \
+    scripts/update/1.2--1.3.grants_save.sql scripts/update/1.2--1.3.grants_restore.sql \
+    scripts/update_scripts.sh
+	scripts/update_scripts.sh
 
 # make dist: a source tarball of the tracked files as they are in the work tree
 # (uncommitted changes included), for PGXN and for building elsewhere. After the

@@ -3,7 +3,9 @@
 #
 #   1. installs the Debian packages it needs (all of them again when CI=true);
 #   2. packs the source with `make dist` and works from that tarball from here on (so
-#      the tests also prove the tarball complete); checks META.json; builds (with
+#      the tests also prove the tarball complete); checks META.json and that the
+#      derived update script (idempotency--1.2--1.4.sql) is what
+#      scripts/update_scripts.sh makes of its sources; builds (with
 #      WERROR=1: a compiler warning fails the build) and installs the extension (PGXS),
 #      and checks `make install DESTDIR=...`;
 #   3. unit tests of the C++ core with ctest, plainly and under ASan/UBSan, the Node.js
@@ -31,7 +33,8 @@
 # anything failed.
 #
 #   ONLY=package|unit|fuzz|style|sql|regress|isolation|tap (comma-separated) runs a part;
-#        package is META.json, the DESTDIR install and how scripts/pg_versions.sh finds
+#        package is META.json, the derived update script, the DESTDIR install and how
+#        scripts/pg_versions.sh finds
 #        PostgreSQL's sources (test/pg_versions_test.sh) and scripts/citus.sh finds
 #        Citus (test/citus_test.sh); unit is the two ctest runs, the
 #        fingerprint client and fuzz (no PostgreSQL needed, so no PGXS build); style is
@@ -326,6 +329,19 @@ check_meta() {
   fi
 }
 
+# The update script derived from others (idempotency--1.2--1.4.sql, the direct path from
+# 1.2) is committed; it must be exactly what scripts/update_scripts.sh makes of the
+# released 1.2 -> 1.3 script and the current 1.3 -> 1.4 script, so that it never
+# drifts from them. Checked before the build, which would remake it.
+check_update_scripts() {
+  say "package: derived update scripts (scripts/update_scripts.sh --check)"
+  if bash "$work/src/scripts/update_scripts.sh" --check; then
+    count 1 0
+  else
+    stage_failed "idempotency--1.2--1.4.sql differs from what scripts/update_scripts.sh makes: run make and commit it"
+  fi
+}
+
 # How scripts/pg_versions.sh provisions and falls back, against stand-ins for apt-get
 # and the build: one pass or failure per check the script prints.
 check_pg_versions_script() {
@@ -512,6 +528,7 @@ cd "$work/src"
 
 if selected package package; then
   check_meta
+  check_update_scripts
   check_pg_versions_script
   check_citus_script
 fi

@@ -1,9 +1,14 @@
-# Upgrades from 1.0, 1.1 and 1.2 to 1.3: keys stored under 1.0, keys and undelivered
-# events stored under 1.1, and keys and privileges under 1.2, survive ALTER EXTENSION
-# idempotency UPDATE; each upgraded database has exactly the objects of a fresh install
-# of the new version; the stored keys replay, fence and take over as before, the events
-# are relayed in order, emitting has become a privilege (1.2 revokes PUBLIC's grant),
-# and the key functions 1.3 makes again with a route argument keep their grants.
+# Upgrades from 1.0, 1.1, 1.2 and 1.3 to 1.4: keys stored under 1.0, keys and
+# undelivered events stored under 1.1, and keys and privileges under 1.2, survive ALTER
+# EXTENSION idempotency UPDATE; each upgraded database has exactly the objects of a
+# fresh install of the new version; the stored keys replay, fence and take over as
+# before, the events are relayed in order, emitting has become a privilege (1.2 revokes
+# PUBLIC's grant), and the key functions 1.3 makes again with a route argument keep
+# exactly their grants, by signature: from 1.2 the update takes the direct path
+# idempotency--1.2--1.4.sql, whose carry-over neither gives to nor takes from an
+# application's function of the same name (issue 35; 1.2--1.3 looked them up by name).
+# A view or a BEGIN ATOMIC function over the extension's functions blocks the update
+# from 1.2 (the docs' query finds it first), and no longer the update from 1.3.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -21,6 +26,8 @@ $node->safe_psql('postgres', 'CREATE DATABASE upgraded');
 $node->safe_psql('postgres', 'CREATE DATABASE fresh');
 $node->safe_psql('postgres', 'CREATE DATABASE from11');
 $node->safe_psql('postgres', 'CREATE DATABASE from12');
+$node->safe_psql('postgres', 'CREATE DATABASE from13');
+$node->safe_psql('postgres', 'CREATE DATABASE via13');
 
 # 1.0, and keys of every kind stored through its functions.
 $node->safe_psql('upgraded', q{CREATE EXTENSION idempotency VERSION '1.0'});
@@ -59,7 +66,14 @@ my $keys_before = $node->safe_psql('upgraded', q{
 $node->safe_psql('upgraded', 'ALTER EXTENSION idempotency UPDATE');
 $node->safe_psql('fresh', 'CREATE EXTENSION idempotency');
 is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.3', 'ALTER EXTENSION UPDATE reaches 1.3');
+	'1.4', 'ALTER EXTENSION UPDATE reaches 1.4');
+# PostgreSQL takes the shortest path: from 1.2 (and so CREATE EXTENSION, from 1.0) the
+# direct script, from 1.3 its own.
+is($node->safe_psql('fresh', q{
+  SELECT string_agg(source || ': ' || path, ', ' ORDER BY source)
+  FROM pg_extension_update_paths('idempotency') WHERE target = '1.4'}),
+	'1.0: 1.0--1.1--1.2--1.4, 1.1: 1.1--1.2--1.4, 1.2: 1.2--1.4, 1.3: 1.3--1.4',
+	'every version reaches 1.4, from 1.2 by the direct path');
 
 # Every object of the extension, described without OIDs: members, columns, indexes,
 # constraints, privileges and function definitions.
@@ -101,7 +115,7 @@ like($fresh, qr/keys_leased_idx/, 'the catalog description covers the new index'
 like($fresh, qr/relation lock_secret/, 'and the lock secret');
 like($fresh, qr/idem_claim\(text,idem_key,bytea,interval,interval,interval,"any"\)/,
 	'and the key functions with their route');
-is($upgraded, $fresh, 'the upgraded database has exactly the objects of a fresh 1.3 install');
+is($upgraded, $fresh, 'the upgraded database has exactly the objects of a fresh 1.4 install');
 is($node->safe_psql('upgraded', q{SELECT count(*) FROM idempotency.lock_secret}), '1',
 	'the upgrade generated a lock secret');
 isnt($node->safe_psql('upgraded', q{SELECT secret FROM idempotency.lock_secret}),
@@ -175,9 +189,9 @@ my $outbox_before = $node->safe_psql('from11', q{
                     E'\n' ORDER BY seq) FROM idempotency.outbox});
 $node->safe_psql('from11', 'ALTER EXTENSION idempotency UPDATE');
 is($node->safe_psql('from11', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.3', 'from 1.1, ALTER EXTENSION UPDATE reaches 1.3');
+	'1.4', 'from 1.1, ALTER EXTENSION UPDATE reaches 1.4');
 is($node->safe_psql('from11', $catalog), $fresh,
-	'the database updated from 1.1 has exactly the objects of a fresh 1.3 install');
+	'the database updated from 1.1 has exactly the objects of a fresh 1.4 install');
 is($node->safe_psql('from11', q{
   SELECT string_agg(concat_ws(' ', event_id, topic, aggregate, seq, payload, delivered_at IS NULL),
                     E'\n' ORDER BY seq) FROM idempotency.outbox}), $outbox_before,
@@ -213,41 +227,199 @@ is($node->safe_psql('from11', q{
 	'amcheck finds every index consistent after the update from 1.1');
 
 # From 1.2: keys, and privileges on the functions 1.3 drops and makes again (their
-# parameters change): who may claim, who may read idem_stats.
+# parameters change): who may claim, who may read idem_stats. Beside them, in the
+# extension's schema, an application's functions of the same names (a wrapper
+# idem_claim(integer) with grants of its own, an idem_stats(text) with the default
+# ones): the update must neither give them the extension's grants nor take theirs.
 $node->safe_psql('from12', q{CREATE EXTENSION idempotency VERSION '1.2'});
 $node->safe_psql('from12', q{
   CREATE ROLE upgrade_claimer LOGIN;
   CREATE ROLE upgrade_outsider LOGIN;
   CREATE ROLE upgrade_monitor LOGIN;
+  CREATE ROLE "Upgrade Auditor";
   REVOKE EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval) FROM PUBLIC;
   GRANT EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval)
     TO upgrade_claimer WITH GRANT OPTION;
+  GRANT EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval)
+    TO "Upgrade Auditor";
   GRANT EXECUTE ON FUNCTION idem_stats() TO upgrade_monitor;
+  CREATE FUNCTION public.idem_claim(order_id integer) RETURNS idem_claim_result
+    LANGUAGE sql AS $$ SELECT idem_claim('orders', order_id::text::idem_key) $$;
+  REVOKE ALL ON FUNCTION public.idem_claim(integer) FROM PUBLIC;
+  GRANT EXECUTE ON FUNCTION public.idem_claim(integer) TO upgrade_outsider;
+  CREATE FUNCTION public.idem_stats(label text) RETURNS text
+    LANGUAGE sql AS $$ SELECT label || ': ' || keys_total FROM idem_stats() $$;
   BEGIN;
   SELECT idem_claim('pay', 'done-12', idem_fingerprint('{"amount": 12}'::jsonb));
   SELECT idem_complete('pay', 'done-12', '{"payment_id": 12}');
   COMMIT;
 });
-$node->safe_psql('from12', 'ALTER EXTENSION idempotency UPDATE');
+# Every function of these names in the schema with its grants (sorted): the extension's
+# by name (their signatures change), the others by signature.
+my $grants = q{
+  SELECT string_agg(line, E'\n' ORDER BY line) FROM (
+    SELECT format('%s %s %s',
+                  CASE WHEN EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass
+                                      AND d.objid = p.oid AND d.deptype = 'e')
+                       THEN 'extension ' || p.proname ELSE 'other ' || p.oid::regprocedure END,
+                  (SELECT array_agg(a::text ORDER BY a::text) FROM unnest(p.proacl) a),
+                  p.proacl IS NULL) AS line
+    FROM pg_proc p
+    WHERE p.pronamespace = 'public'::regnamespace
+      AND p.proname IN ('idem_claim', 'idem_complete', 'idem_fail', 'idem_release', 'idem_checkpoint',
+                        'idem_once', 'idem_forget', 'idem_lookup', 'idem_abandoned', 'idem_stats')
+  ) functions};
+my $grants_before = $node->safe_psql('from12', $grants);
+like($grants_before, qr/^extension idem_claim \{.*Upgrade Auditor.*=X\/.*upgrade_claimer=X\*\/.*\} f$/m,
+	'1.2: idem_claim is granted to two roles, not to PUBLIC');
+like($grants_before, qr/^other idem_claim\(integer\) \{.*upgrade_outsider=X\/.*\} f$/m,
+	'1.2: the wrapper idem_claim(integer) has grants of its own');
+
+# A view and a BEGIN ATOMIC function over functions that 1.2 -> 1.4 drops block the
+# update; the query of docs/operations.md (Upgrades) lists them beforehand.
+$node->safe_psql('from12', q{
+  CREATE VIEW key_monitor AS SELECT keys_total, pending FROM idem_stats();
+  CREATE FUNCTION order_state(k text) RETURNS text LANGUAGE sql
+  BEGIN ATOMIC
+    SELECT (idem_claim('orders', k::idem_key)).outcome;
+    SELECT idem_complete('orders', k::idem_key, '"shipped"');
+    SELECT state FROM idem_lookup('orders', k::idem_key);
+  END;});
+# The query of docs/operations.md (Upgrades), as written there.
+my $dependents = q{
+SELECT DISTINCT
+       CASE WHEN d.classid = 'pg_rewrite'::regclass
+            THEN (SELECT pg_describe_object('pg_class'::regclass, r.ev_class, 0)
+                  FROM pg_rewrite r WHERE r.oid = d.objid)
+            ELSE pg_describe_object(d.classid, d.objid, d.objsubid) END AS dependent,
+       p.oid::regprocedure AS uses
+FROM pg_extension x
+JOIN pg_depend m ON m.refclassid = 'pg_extension'::regclass AND m.refobjid = x.oid
+                AND m.classid = 'pg_proc'::regclass AND m.deptype = 'e'
+JOIN pg_proc p ON p.oid = m.objid
+JOIN pg_depend d ON d.refclassid = 'pg_proc'::regclass AND d.refobjid = p.oid AND d.deptype = 'n'
+WHERE x.extname = 'idempotency'
+  AND p.proname IN ('idem_claim', 'idem_complete', 'idem_fail', 'idem_release', 'idem_checkpoint',
+                    'idem_once', 'idem_forget', 'idem_lookup', 'idem_abandoned', 'idem_stats')
+ORDER BY 1, 2};
+is($node->safe_psql('from12', qq{SELECT string_agg(dependent || ' uses ' || uses, E'\\n' ORDER BY dependent, uses::text)
+  FROM ($dependents) found}),
+	"function order_state(text) uses idem_claim(text,idem_key,bytea,interval,interval,interval)\n"
+	  . "function order_state(text) uses idem_complete(text,idem_key,jsonb,integer)\n"
+	  . "function order_state(text) uses idem_lookup(text,idem_key)\n"
+	  . "view key_monitor uses idem_stats()",
+	'the documented query lists what the update from 1.2 will drop');
+($status, $out, $err) = $node->psql('from12', 'ALTER EXTENSION idempotency UPDATE',
+	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+like($err, qr/2BP01: cannot drop function idem_claim\(.*because other objects depend on it/,
+	'from 1.2, a BEGIN ATOMIC function over idem_claim blocks the update (2BP01), as documented');
 is($node->safe_psql('from12', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.3', 'from 1.2, ALTER EXTENSION UPDATE reaches 1.3');
+	'1.2', 'and the database stays at 1.2');
+# The documented way: drop them, update and create them again, in one transaction.
+$node->safe_psql('from12', q{
+  BEGIN;
+  DROP VIEW key_monitor;
+  DROP FUNCTION order_state(text);
+  ALTER EXTENSION idempotency UPDATE;
+  CREATE VIEW key_monitor AS SELECT keys_total, pending FROM idem_stats();
+  CREATE FUNCTION order_state(k text) RETURNS text LANGUAGE sql
+  BEGIN ATOMIC
+    SELECT (idem_claim('orders', k::idem_key)).outcome;
+    SELECT idem_complete('orders', k::idem_key, '"shipped"');
+    SELECT state FROM idem_lookup('orders', k::idem_key);
+  END;
+  COMMIT;});
+is($node->safe_psql('from12', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
+	'1.4', 'from 1.2, ALTER EXTENSION UPDATE reaches 1.4');
+is($node->safe_psql('from12', q{SELECT order_state('o-12') || ' ' || pending FROM key_monitor}),
+	'completed 0', 'the view and the function made again over the new signatures work');
+is($node->safe_psql('from12', $grants), $grants_before,
+	'the extension\'s functions made again keep exactly their grants, and the other '
+	  . 'functions of those names keep exactly theirs');
 my $claim = 'idem_claim(text,idem_key,bytea,interval,interval,interval,"any")';
 is($node->safe_psql('from12', qq{
   SELECT string_agg(r || ':' || has_function_privilege(r, '$claim', 'EXECUTE')
                     || ':' || has_function_privilege(r, '$claim', 'EXECUTE WITH GRANT OPTION')
-                    || ':' || has_function_privilege(r, 'idem_stats(boolean)', 'EXECUTE'), ' ' ORDER BY r)
-  FROM unnest(ARRAY['upgrade_claimer', 'upgrade_monitor', 'upgrade_outsider']) r}),
-	'upgrade_claimer:true:true:false upgrade_monitor:false:false:true upgrade_outsider:false:false:false',
-	'the grants and revokes of 1.2 hold for the functions 1.3 made again');
+                    || ':' || has_function_privilege(r, 'idem_stats(boolean)', 'EXECUTE')
+                    || ':' || has_function_privilege(r, 'public.idem_claim(integer)', 'EXECUTE'),
+                    ' ' ORDER BY r)
+  FROM unnest(ARRAY['upgrade_claimer', 'upgrade_monitor', 'upgrade_outsider', 'Upgrade Auditor']) r}),
+	'Upgrade Auditor:true:false:false:false upgrade_claimer:true:true:false:false '
+	  . 'upgrade_monitor:false:false:true:false upgrade_outsider:false:false:false:true',
+	'the grants and revokes of 1.2 hold for the functions 1.3 made again, and for the wrapper');
+($status, $out, $err) = $node->psql('from12', q{SELECT idem_claim('pay', 'outsider')},
+	extra_params => [ '-U', 'upgrade_outsider', '-v', 'VERBOSITY=verbose' ]);
+like($err, qr/42501.*permission denied for function idem_claim/s,
+	'a role granted only the wrapper still may not add keys');
 is($node->safe_psql('from12', q{
   SELECT outcome || ' ' || response FROM idem_claim('pay', 'done-12', idem_fingerprint('{"amount": 12}'::jsonb))}),
 	'replay {"payment_id": 12}', 'a key stored under 1.2 replays');
 $node->safe_psql('from12', qq{
   GRANT EXECUTE ON FUNCTION $claim TO PUBLIC;
   REVOKE ALL ON FUNCTION $claim FROM upgrade_claimer CASCADE;
+  REVOKE ALL ON FUNCTION $claim FROM "Upgrade Auditor";
   REVOKE ALL ON FUNCTION idem_stats(boolean) FROM upgrade_monitor;});
 is($node->safe_psql('from12', $catalog), $fresh,
-	'with those grants undone, it has exactly the objects of a fresh 1.3 install');
+	'with those grants undone, it has exactly the objects of a fresh 1.4 install');
+
+# The same 1.2 database updated by the released scripts, 1.2 -> 1.3 then 1.3 -> 1.4:
+# 1.3 gave the wrapper idem_claim's grants and left the extension's own to PUBLIC, and
+# 1.4 cannot know what they were. The query of docs/operations.md shows it.
+$node->safe_psql('via13', q{CREATE EXTENSION idempotency VERSION '1.2'});
+$node->safe_psql('via13', q{
+  REVOKE EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval) FROM PUBLIC;
+  GRANT EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval)
+    TO upgrade_claimer;
+  CREATE FUNCTION public.idem_claim(order_id integer) RETURNS idem_claim_result
+    LANGUAGE sql AS $$ SELECT idem_claim('orders', order_id::text::idem_key) $$;
+  ALTER EXTENSION idempotency UPDATE TO '1.3';
+  ALTER EXTENSION idempotency UPDATE;});
+my $check_grants = q{
+SELECT p.oid::regprocedure AS function,
+       EXISTS (SELECT FROM pg_depend d
+               WHERE d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'
+                 AND d.refclassid = 'pg_extension'::regclass AND d.refobjid = x.oid) AS of_the_extension,
+       coalesce(p.proacl::text, 'default: PUBLIC may execute') AS grants
+FROM pg_extension x
+JOIN pg_proc p ON p.pronamespace = x.extnamespace
+WHERE x.extname = 'idempotency'
+  AND p.proname IN ('idem_claim', 'idem_complete', 'idem_fail', 'idem_release', 'idem_checkpoint',
+                    'idem_once', 'idem_forget', 'idem_lookup', 'idem_abandoned', 'idem_stats')
+ORDER BY p.proname, of_the_extension DESC, 1};
+like($node->safe_psql('via13', qq{SELECT string_agg(concat_ws(' ', function, of_the_extension, grants), E'\\n'
+                                              ORDER BY of_the_extension DESC)
+  FROM ($check_grants) found WHERE function::text LIKE 'idem_claim%'}),
+	qr/^idem_claim\(text,idem_key,bytea,interval,interval,interval,"any"\) \ t\ default:\ PUBLIC\ may\ execute\n
+	   idem_claim\(integer\) \ f \ \{\w+=X\/\w+,upgrade_claimer=X\/\w+\}$/x,
+	'through the released 1.3, the wrapper got idem_claim\'s grants: the documented query shows it');
+
+# From 1.3: a monitoring view over idem_stats() and a BEGIN ATOMIC function calling
+# idem_claim and idem_lookup. 1.3 -> 1.4 keeps them in place, so the update succeeds
+# and both still work.
+$node->safe_psql('from13', q{CREATE EXTENSION idempotency VERSION '1.3'});
+$node->safe_psql('from13', q{
+  CREATE VIEW key_monitor AS SELECT keys_total, pending, completed FROM idem_stats();
+  CREATE FUNCTION order_state(k text) RETURNS text LANGUAGE sql
+  BEGIN ATOMIC
+    SELECT (idem_claim('orders', k::idem_key)).outcome;
+    SELECT idem_complete('orders', k::idem_key, '"shipped"');
+    SELECT state FROM idem_lookup('orders', k::idem_key);
+  END;
+  BEGIN;
+  SELECT idem_claim('pay', 'done-13');
+  SELECT idem_complete('pay', 'done-13', '{"payment_id": 13}');
+  COMMIT;});
+is($node->safe_psql('from13', q{SELECT order_state('o-1')}), 'completed',
+	'1.3: the BEGIN ATOMIC function claims and looks up');
+$node->safe_psql('from13', 'ALTER EXTENSION idempotency UPDATE');
+is($node->safe_psql('from13', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
+	'1.4', 'from 1.3, with a view and a BEGIN ATOMIC function over its functions, UPDATE reaches 1.4');
+is($node->safe_psql('from13', q{SELECT keys_total || ' ' || pending || ' ' || completed FROM key_monitor}),
+	'2 0 2', 'the view over idem_stats() still works');
+is($node->safe_psql('from13', q{SELECT order_state('o-2')}), 'completed',
+	'and the BEGIN ATOMIC function over idem_claim and idem_lookup');
+is($node->safe_psql('from13', $catalog), $fresh,
+	'the database updated from 1.3 has exactly the objects of a fresh 1.4 install');
 
 $node->stop;
 done_testing();

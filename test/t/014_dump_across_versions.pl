@@ -78,6 +78,14 @@ is($new->safe_psql('app', q{SET ROLE bob; SELECT idem_once('inbox', '7b5d0c5e-4a
 	'f', "bob's message is still applied, also given as a uuid");
 is($new->safe_psql('app', q{SELECT count(*) FROM idempotency.lock_secret}), '1',
 	'the restored database has a lock secret of its own');
+# pg_dump writes CREATE EXTENSION without a version: the restore installs the newest
+# (the default version, by the shortest path of scripts), which the old server has too.
+my $extversion = q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'};
+is($new->safe_psql('app', $extversion), $old->safe_psql('app', $extversion),
+	'the restored extension has the version of the dumped one');
+is($new->safe_psql('app', $extversion),
+	$new->safe_psql('app', q{SELECT default_version FROM pg_available_extensions WHERE name = 'idempotency'}),
+	'which is the installed default');
 is($new->safe_psql('app', q{
 	SET ROLE alice;
 	BEGIN; SELECT outcome FROM idem_claim('pay', 'a3'); SELECT idem_complete('pay', 'a3'); COMMIT;
