@@ -6,3 +6,14 @@
 -- From 1.4 on, an update script keeps every object whose signature does not change in
 -- place (CREATE OR REPLACE), so that views and SQL-standard functions that users built
 -- on the extension's functions survive ALTER EXTENSION ... UPDATE.
+
+------------------------------------------------------------------------------
+-- Install notice (issue 36): on a server that did not preload the library, CREATE
+-- EXTENSION (which runs 1.0 -> ... -> 1.4) and ALTER EXTENSION ... UPDATE say so.
+-- The function is dropped again, so the catalog is as before; a later update
+-- script that should say it too repeats these three lines.
+------------------------------------------------------------------------------
+CREATE FUNCTION idem_install_notice() RETURNS void
+  AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+SELECT idem_install_notice();
+DROP FUNCTION idem_install_notice();

@@ -20,11 +20,17 @@ export LANG=C.UTF-8 LC_ALL=C.UTF-8
 # for the random-query test (test/t/011_sqlsmith.pl); nodejs for the fingerprint client
 # (examples/fingerprint); rabbitmq-server and python3-pika for the messaging example
 # (examples/messaging) and its test, which runs a broker of its own (the package's
-# system broker, if its installation started one, is left alone).
+# system broker, if its installation started one, is left alone);
+# prometheus-postgres-exporter for the exporter query of docs/operations.md
+# (test/t/020_exporter.pl, which runs one of its own); debhelper, dpkg-dev,
+# build-essential and postgresql-server-dev-all (pg_buildext) for the Debian package
+# (debian/).
 REQUIRED_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libssl-dev
                    g++ make cmake libgtest-dev libipc-run-perl perl clang libclang-rt-14-dev
                    python3 python3-psycopg python3-psycopg-pool pgbouncer sqlsmith git
-                   clang-format clang-tidy bear nodejs rabbitmq-server python3-pika)
+                   clang-format clang-tidy bear nodejs rabbitmq-server python3-pika
+                   prometheus-postgres-exporter debhelper dpkg-dev build-essential
+                   postgresql-server-dev-all)
 
 # What the demo needs: the server, its headers, a compiler and OpenSSL; nothing else.
 DEMO_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libssl-dev g++ make)

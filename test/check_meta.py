@@ -1,11 +1,13 @@
 #!/usr/bin/python3
-"""Checks the PGXN META.json of a source tree against its control file.
+"""Checks the PGXN META.json of a source tree, and debian/changelog, against its control file.
 
 usage: test/check_meta.py [SOURCE_DIR]
 
 The fields PGXN's meta spec requires are present, the versions are the control
 file's default_version as semantic versions (1.0 -> 1.0.x), and every file that
-`provides` names is in the tree. Prints what is wrong and exits 1, or one line.
+`provides` names is in the tree; the Debian package's upstream version (the latest
+entry of debian/changelog, before the Debian revision) is META.json's version.
+Prints what is wrong and exits 1, or one line.
 """
 import json
 import pathlib
@@ -30,6 +32,13 @@ def problems(src: pathlib.Path) -> list:
     for field, value in versions.items():
         if not value.startswith(version + "."):
             found.append(f"{field} {value!r} is not the control file's {version} (as {version}.x)")
+    changelog = src / "debian" / "changelog"
+    if changelog.is_file():
+        latest = re.match(r"\S+ \(([^)]*)\)", changelog.read_text())
+        upstream = latest.group(1).rsplit("-", 1)[0] if latest else ""
+        if upstream != meta.get("version"):
+            found.append(f"debian/changelog's version {upstream!r} is not META.json's "
+                         f"{meta.get('version')!r}")
     return found
 
 

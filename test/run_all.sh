@@ -5,9 +5,11 @@
 #   2. packs the source with `make dist` and works from that tarball from here on (so
 #      the tests also prove the tarball complete); checks META.json and that the
 #      derived update script (idempotency--1.2--1.4.sql) is what
-#      scripts/update_scripts.sh makes of its sources; builds (with
-#      WERROR=1: a compiler warning fails the build) and installs the extension (PGXS),
-#      and checks `make install DESTDIR=...`;
+#      scripts/update_scripts.sh makes of its sources; builds the Debian package
+#      (debian/, pg_buildext), installs it with apt-get on PostgreSQL 15 and runs
+#      pg_regress (REGRESS) against it with PGXS's `make installcheck`, then removes it
+#      again; builds (with WERROR=1: a compiler warning fails the build) and installs
+#      the extension (PGXS), and checks `make install DESTDIR=...`;
 #   3. unit tests of the C++ core with ctest, plainly and under ASan/UBSan, the Node.js
 #      fingerprint client against test/fingerprint_vectors.json, and the libFuzzer
 #      targets for FUZZ_SECONDS each (default 30; 0 skips them);
@@ -33,8 +35,8 @@
 # anything failed.
 #
 #   ONLY=package|unit|fuzz|style|sql|regress|isolation|tap (comma-separated) runs a part;
-#        package is META.json, the derived update script, the DESTDIR install and how
-#        scripts/pg_versions.sh finds
+#        package is META.json, the derived update script, the Debian package, the
+#        DESTDIR install and how scripts/pg_versions.sh finds
 #        PostgreSQL's sources (test/pg_versions_test.sh) and scripts/citus.sh finds
 #        Citus (test/citus_test.sh); unit is the two ctest runs, the
 #        fingerprint client and fuzz (no PostgreSQL needed, so no PGXS build); style is
@@ -377,6 +379,73 @@ check_citus_script() {
   fi
 }
 
+# The Debian package (debian/): built by dpkg-buildpackage from a copy of the source,
+# one postgresql-N-idempotency per PostgreSQL version whose server headers are
+# installed (pg_buildext with PG_SUPPORTED_VERSIONS=installed; debian/control made
+# for them by `pg_buildext updatecontrol`); postgresql-15-idempotency installed with
+# `apt-get install ./...deb` on Debian's PostgreSQL 15, after removing what an earlier
+# `make install` left there; pg_regress (REGRESS) run against the installed package
+# with PGXS's `make installcheck` from a fresh copy, with nothing built or installed by
+# make. The package is purged afterwards, so that the stages after this one find the
+# files `make install` puts there, as before. Building and installing count one pass
+# or failure; the regression tests count each.
+check_debian_package() {
+  say "package: the Debian package (dpkg-buildpackage, apt-get install ./*.deb, make installcheck)"
+  local dir=$work/deb version deb missing=0 file
+  local pkglib sharedir
+  pkglib=$("$PG_BIN/pg_config" --pkglibdir)
+  sharedir=$("$PG_BIN/pg_config" --sharedir)
+  mkdir -p "$dir"
+  cp -a "$work/src" "$dir/build"
+  if ! (cd "$dir/build" &&
+        PG_SUPPORTED_VERSIONS=installed pg_buildext updatecontrol &&
+        PG_SUPPORTED_VERSIONS=installed dpkg-buildpackage -us -uc -b) >"$work/deb-build.log" 2>&1; then
+    tail -n 60 "$work/deb-build.log"
+    stage_failed "the Debian package did not build"
+    return
+  fi
+  for version in $(cd "$dir/build" && PG_SUPPORTED_VERSIONS=installed pg_buildext supported-versions); do
+    if deb=$(compgen -G "$dir/postgresql-${version}-idempotency_*.deb"); then
+      echo "built $(basename "$deb")"
+    else
+      echo "!! no package for PostgreSQL $version"
+      missing=1
+    fi
+  done
+  deb=$(compgen -G "$dir/postgresql-15-idempotency_*.deb" || true)
+  if [ "$missing" = 1 ] || [ -z "$deb" ]; then
+    stage_failed "dpkg-buildpackage left out a package"
+    return
+  fi
+  # A PostgreSQL 15 without the extension: no package of an earlier run, no file of
+  # an earlier `make install`.
+  DEBIAN_FRONTEND=noninteractive apt-get purge -y -q postgresql-15-idempotency >/dev/null 2>&1 || true
+  rm -f "$pkglib/idempotency.so" "$sharedir/extension/idempotency.control" \
+        "$sharedir"/extension/idempotency--*.sql
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+         -o Dpkg::Use-Pty=0 "$deb" >"$work/deb-install.log" 2>&1; then
+    cat "$work/deb-install.log"
+    stage_failed "apt-get install $(basename "$deb") failed"
+    return
+  fi
+  for file in "$pkglib/idempotency.so" "$sharedir/extension/idempotency.control" \
+              "$sharedir/extension/idempotency--1.3--1.4.sql"; do
+    if ! dpkg -S "$file" >/dev/null 2>&1; then echo "!! not installed by the package: $file"; missing=1; fi
+  done
+  if [ "$missing" = 1 ]; then
+    stage_failed "the installed package lacks files"
+  else
+    echo "installed $(dpkg-query -W -f='${Package} ${Version}' postgresql-15-idempotency)"
+    count 1 0
+    cp -a "$work/src" "$dir/check"
+    chown -R postgres: "$dir/check"
+    check_dir=$dir/check run_pg_regress package-regress REGRESS "$REGRESS_TIMEOUT" \
+      "$dir/check/regression.diffs" "$dir/check/tmp_check_regress/log/postmaster.log" \
+      ISOLATION= TAP_TESTS=
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get purge -y -q postgresql-15-idempotency >/dev/null 2>&1 || true
+}
+
 check_destdir_install() {
   say "package: make install DESTDIR=..."
   local stage=$work/stage file missing=0
@@ -413,11 +482,12 @@ make_check() {
 }
 
 # installcheck LOG TIMEOUT [MAKE VARIABLE=VALUE...]: `make installcheck` as postgres in
-# the copy, its output shown and kept in LOG; returns make's status.
+# the copy (check_dir, else $work/src), its output shown and kept in LOG; returns
+# make's status.
 installcheck() {
   local log=$1 limit=$2
   shift 2
-  (cd "$work/src" &&
+  (cd "${check_dir:-$work/src}" &&
    runuser -u postgres -- env IDEM_OLD_INSTALL="${IDEM_OLD_INSTALL:-}" IDEM_CITUS="${IDEM_CITUS:-}" \
      timeout -k 30 "$limit" \
      make -s --no-print-directory installcheck PG_CONFIG="$PG_CONFIG" "$@") \
@@ -531,6 +601,7 @@ if selected package package; then
   check_update_scripts
   check_pg_versions_script
   check_citus_script
+  check_debian_package
 fi
 
 built=yes

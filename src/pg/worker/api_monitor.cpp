@@ -3,6 +3,7 @@
 
 #include "pg/citus/citus_meta.hpp"
 #include "pg/common/errors.hpp"
+#include "pg/common/guc.hpp"
 #include "pg/common/open_relations.hpp"
 #include "pg/messaging/messaging_catalog.hpp"
 #include "pg/common/table.hpp"
@@ -12,6 +13,7 @@
 extern "C" {
 #include "access/heapam.h"
 #include "access/htup_details.h"
+#include "catalog/pg_database.h"
 #include "catalog/pg_statistic.h"
 #include "executor/spi.h"
 #include "funcapi.h"
@@ -173,6 +175,19 @@ static Datum cluster_stats(FunctionCallInfo fcinfo, ReturnSetInfo* rsinfo) {
   return (Datum)0;
 }
 
+// The launcher's pid if it serves the current database, else 0: it runs, passes are
+// enabled, it lists the database (connectable, not a template), and the database
+// holds an entry of the shared table or could get one.
+static pid_t serving_launcher(const ReaperStats& reaper) {
+  if (reaper.launcher_pid == 0 || !settings.reaper_enabled || !reaper.table_room) return 0;
+  HeapTuple tuple = SearchSysCache1(DATABASEOID, ObjectIdGetDatum(MyDatabaseId));
+  if (!HeapTupleIsValid(tuple)) return 0;
+  auto form = reinterpret_cast<Form_pg_database>(GETSTRUCT(tuple));
+  bool listed = !form->datistemplate && form->datallowconn;
+  ReleaseSysCache(tuple);
+  return listed ? reaper.launcher_pid : 0;
+}
+
 static Datum stats(FunctionCallInfo fcinfo) {
   InitMaterializedSRF(fcinfo, 0);
   ReturnSetInfo* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
@@ -212,7 +227,7 @@ static Datum stats(FunctionCallInfo fcinfo) {
       Int64GetDatum(reaper.reclaimed_total),
       TimestampTzGetDatum(reaper.last_reap_at),
       Int64GetDatum(reaper.last_reap_ms),
-      Int32GetDatum(reaper.worker_pid),
+      Int32GetDatum(preloaded ? serving_launcher(reaper) : 0),
       Int64GetDatum(stale_leases),
   };
   bool nulls[15] = {};
@@ -227,7 +242,7 @@ static Datum stats(FunctionCallInfo fcinfo) {
   }
   nulls[6] = nulls[7] = !preloaded;
   nulls[8] = nulls[9] = !preloaded || reaper.last_reap_at == 0;
-  nulls[10] = !preloaded || reaper.worker_pid == 0;
+  nulls[10] = DatumGetInt32(values[10]) == 0;
   tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
   return (Datum)0;
 }

@@ -76,12 +76,16 @@ static BackgroundWorkerHandle* start_reaper(Oid database) {
   return handle;
 }
 
+// idem_stats reports no worker while no launcher runs (between a crash and its restart).
+static void forget_launcher(int, Datum) { set_launcher_pid(0); }
+
 static void launcher_main(Datum) {
   pqsignal(SIGHUP, SignalHandlerForConfigReload);
   pqsignal(SIGTERM, die);
   BackgroundWorkerUnblockSignals();
   BackgroundWorkerInitializeConnection(nullptr, nullptr, 0);
   set_launcher_pid(MyProcPid);
+  before_shmem_exit(forget_launcher, 0);
 
   MemoryContext pass_context =
       AllocSetContextCreate(TopMemoryContext, "idempotency launcher pass", ALLOCSET_DEFAULT_SIZES);

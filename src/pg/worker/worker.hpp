@@ -27,7 +27,8 @@ struct ReaperStats {
   int64 reclaimed_total;
   TimestampTz last_reap_at;  // 0 when no pass ran yet
   int64 last_reap_ms;
-  int worker_pid;  // the launcher
+  pid_t launcher_pid;  // 0 while no launcher runs (a standby, or between restarts)
+  bool table_room;     // this database holds an entry of the table, or could get one
 };
 bool reaper_stats(ReaperStats* stats);
 

@@ -68,13 +68,18 @@ bool reaper_stats(ReaperStats* stats) {
   if (shared == nullptr) return false;
   *stats = ReaperStats{};
   SpinLockAcquire(&shared->mutex);
-  stats->worker_pid = shared->launcher_pid;
-  if (DatabaseState* entry = database_entry(MyDatabaseId, false)) {
+  DatabaseState* entry = database_entry(MyDatabaseId, false);
+  if (entry != nullptr) {
     stats->reaped_total = entry->reaped_total;
     stats->reclaimed_total = entry->reclaimed_total;
     stats->last_reap_at = entry->last_reap_at;
     stats->last_reap_ms = entry->last_reap_ms;
   }
+  // A worker can serve this database when it holds an entry or the table has room.
+  bool room = entry != nullptr;
+  for (const DatabaseState& other : shared->databases) room |= other.database == InvalidOid;
+  stats->launcher_pid = shared->launcher_pid;
+  stats->table_room = room;
   SpinLockRelease(&shared->mutex);
   return true;
 }

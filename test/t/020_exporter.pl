@@ -1,0 +1,89 @@
+# The postgres_exporter query of docs/operations.md, taken from the page as it is,
+# run by the real exporter (Debian's prometheus-postgres-exporter) as a pg_monitor
+# role against a database with known figures: keys by state, the worker serving it,
+# and the outbox's pending events, dead letters and relay lag.
+use strict;
+use warnings;
+use HTTP::Tiny;
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use FindBin;
+
+my $exporter = '/usr/bin/prometheus-postgres-exporter';
+die "$exporter is missing: apt-get install prometheus-postgres-exporter" unless -x $exporter;
+
+# The queries.yaml block of docs/operations.md.
+my $page = slurp_file("$FindBin::RealBin/../../docs/operations.md");
+my ($queries) = $page =~ /```yaml\n(# postgres_exporter custom query.*?)```/s;
+ok(defined $queries, 'docs/operations.md has the queries.yaml block');
+my $dir = PostgreSQL::Test::Utils::tempdir();
+PostgreSQL::Test::Utils::append_to_file("$dir/queries.yaml", $queries // '');
+
+my $node = PostgreSQL::Test::Cluster->new('exported');
+$node->init;
+$node->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'idempotency'
+idempotency.reaper_naptime = '100ms'
+});
+$node->start;
+$node->safe_psql('postgres', q{
+  CREATE EXTENSION idempotency;
+  CREATE ROLE exporter LOGIN IN ROLE pg_monitor;
+  -- 3 completed, 1 failed, 1 pending lease claim.
+  SELECT idem_once('x', ('done-' || g)::idem_key) FROM generate_series(1, 3) g;
+  BEGIN; SELECT idem_claim('x', 'declined'); SELECT idem_fail('x', 'declined', '{}'); COMMIT;
+  SELECT idem_claim('x', 'leased', lease => '1 hour');
+  -- 3 events: one becomes a dead letter, two wait for a relay.
+  SELECT idem_emit('orders', jsonb_build_object('n', g)) FROM generate_series(1, 3) g;
+  SELECT idem_outbox_dead('relay-1', ARRAY(SELECT event_id FROM idem_outbox_claim('relay-1', 1)),
+                          'poison');});
+ok($node->poll_query_until('postgres', q{SELECT worker_pid IS NOT NULL FROM idem_stats()}),
+	'the worker serves the database');
+
+my $port = PostgreSQL::Test::Cluster::get_free_port();
+my $log = "$PostgreSQL::Test::Utils::log_path/postgres_exporter.log";
+local $ENV{DATA_SOURCE_NAME} = sprintf('host=%s port=%d user=exporter dbname=postgres sslmode=disable',
+	$node->host, $node->port);
+my $handle = IPC::Run::start(
+	[ $exporter, "--extend.query-path=$dir/queries.yaml", '--disable-default-metrics',
+	  '--disable-settings-metrics', '--no-collector.database', '--no-collector.bgwriter',
+	  "--web.listen-address=127.0.0.1:$port" ],
+	'<', \undef, '>>', $log, '2>>', $log);
+END { $handle->kill_kill if $handle; }
+
+# Scrapes until the idempotency series are there (the exporter connects at a scrape).
+my $http = HTTP::Tiny->new(timeout => 10);
+my $metrics = '';
+my $deadline = time + 60;
+until ($metrics =~ /^idempotency_outbox_pending\{/m) {
+	die 'postgres_exporter gave no idempotency series: ' . slurp_file($log) . "\n$metrics"
+	  if time > $deadline or !$handle->pumpable;
+	select(undef, undef, undef, 0.2);
+	my $response = $http->get("http://127.0.0.1:$port/metrics");
+	$metrics = $response->{content} if $response->{success};
+}
+
+# The value of a series, or undef.
+sub series {
+	my ($name) = @_;
+	return $metrics =~ /^idempotency_\Q$name\E\{[^}]*\} (\S+)$/m ? $1 : undef;
+}
+is(series('completed'), 3, 'completed');
+is(series('failed'), 1, 'failed');
+is(series('pending'), 1, 'pending');
+is(series('stale_leases'), 0, 'stale_leases');
+is(series('expired_awaiting_reap'), 0, 'expired_awaiting_reap');
+is(series('worker_serving'), 1, 'worker_serving');
+is(series('outbox_pending'), 2, 'outbox_pending');
+is(series('outbox_dead'), 1, 'outbox_dead');
+my $lag = series('outbox_relay_lag_seconds');
+ok(defined $lag && $lag > 0 && $lag < 600, "outbox_relay_lag_seconds is the oldest pending event's age ($lag)");
+like($metrics, qr/^# TYPE idempotency_reaped_total counter$/m, 'reaped_total is a counter');
+unlike($metrics, qr/^idempotency_\w+\{[^}]*\} NaN$/m, 'no series is NaN');
+unlike(slurp_file($log), qr/level=error/, 'the exporter logged no error');
+
+$handle->kill_kill;
+$node->stop;
+done_testing();
