@@ -90,6 +90,44 @@ SELECT idem_reap() >= 1 AS reaped;
 SELECT count(*) AS records_of_short FROM idempotency.applied_versions WHERE entity = 'short';
 SELECT idem_apply_version('accounts', 'short', 1) AS after_reap;
 
+-- Promise (1.4): a record the calling transaction wrote is live until it ends, whatever
+-- its expires_at (a row written by a transaction in progress is live): past its window
+-- inside that transaction a duplicate or an older version is still skipped, and
+-- idem_reap in it leaves the record. Windows of 10 ms, sleeps of 100 ms past them.
+BEGIN;
+SELECT idem_apply_version('accounts', 'own', 10, ttl => '10 ms') AS applied;
+SELECT pg_sleep(0.1);
+SELECT expires_at < clock_timestamp() AS window_passed
+FROM idempotency.applied_versions WHERE entity = 'own';
+SELECT idem_apply_version('accounts', 'own', 3) AS older,
+       idem_apply_version('accounts', 'own', 10) AS same;
+SELECT idem_reap() >= 0 AS reaped;
+SELECT version FROM idempotency.applied_versions WHERE entity = 'own';
+SELECT idem_apply_version('accounts', 'own', 3) AS older_after_reap;
+-- A greater version applies, with a new window from this call.
+SELECT idem_apply_version('accounts', 'own', 11, ttl => '10 ms') AS greater;
+SELECT pg_sleep(0.1);
+SELECT idem_apply_version('accounts', 'own', 11) AS same;
+COMMIT;
+-- Another transaction: the window has passed, the record is forgotten.
+SELECT idem_apply_version('accounts', 'own', 3, ttl => '10 ms') AS older_after_commit;
+-- A subtransaction's record is this transaction's once released; rolled back, the
+-- record before it (another transaction's, expired) is forgotten again.
+SELECT pg_sleep(0.1);
+BEGIN;
+SAVEPOINT a;
+SELECT idem_apply_version('accounts', 'own', 8, ttl => '10 ms') AS over_expired;
+SAVEPOINT b;
+SELECT idem_apply_version('accounts', 'own', 9, ttl => '10 ms') AS greater;
+RELEASE SAVEPOINT b;
+SELECT pg_sleep(0.1);
+SELECT idem_apply_version('accounts', 'own', 9) AS same_from_released,
+       idem_apply_version('accounts', 'own', 4) AS older_from_released;
+ROLLBACK TO SAVEPOINT a;
+SELECT idem_apply_version('accounts', 'own', 2, ttl => '1 hour') AS older_than_forgotten;
+COMMIT;
+SELECT version FROM idempotency.applied_versions WHERE entity = 'own';
+
 -- Promise ("reaped like a key"): the records of a role that no longer exists are
 -- deleted by the next pass, as its keys are.
 CREATE ROLE regress_idem_gone;

@@ -291,6 +291,19 @@ SELECT seq FROM idempotency.outbox WHERE topic = 'orders' AND aggregate = 'o-1';
 -- An id whose event was removed is emitted anew (at most once while it is stored).
 SELECT idem_emit('ids', '{"n": 9}', event_id => 'evt-1');
 SELECT id, payload, state, attempt FROM pg_temp.events WHERE id = 'evt-1';
+-- (1.4) Not an event the calling transaction delivered: idem_reap in it leaves it (as
+-- the worker, another transaction, must), so its id is still taken there; after
+-- COMMIT it is removed.
+SELECT idem_emit('own-ack', '{"n": 1}', event_id => 'own-1');
+BEGIN;
+SELECT event_id FROM idem_outbox_claim('relay-own', topics => '{own-ack}');
+SELECT idem_outbox_ack('relay-own', '{own-1}') AS acked;
+SELECT idem_reap() >= 0 AS reaped;
+SELECT idem_emit('own-ack', '{"n": 2}', event_id => 'own-1');
+SELECT id, payload, state FROM pg_temp.events WHERE topic = 'own-ack';
+COMMIT;
+SELECT idem_reap() >= 1 AS reaped;
+SELECT count(*) AS own_ack_events FROM idempotency.outbox WHERE topic = 'own-ack';
 
 ------------------------------------------------------------------------------
 -- Privileges

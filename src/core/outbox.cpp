@@ -55,7 +55,7 @@ OutboxEvent requeue(const OutboxEvent& dead) noexcept {
 
 bool is_removable(const OutboxEvent& event, Micros now, Micros retention) noexcept {
   return event.state == EventState::kDelivered && event.delivered_at &&
-         *event.delivered_at <= now - retention;
+         *event.delivered_at <= now - retention && !event.written_by_this_transaction;
 }
 
 Admission admit(const OutboxEvent& event, AggregateSeen seen, bool lockable, Micros now) noexcept {
@@ -80,8 +80,14 @@ AggregateSeen after(Admission admission, AggregateSeen seen) noexcept {
 
 std::int64_t next_seq(std::optional<std::int64_t> last) noexcept { return last ? *last + 1 : 1; }
 
-bool should_apply(std::optional<std::int64_t> last_applied, std::int64_t version) noexcept {
-  return !last_applied || version > *last_applied;
+bool is_live(const AppliedRecord& record, Micros now) noexcept {
+  return record.written_by_this_transaction || record.expires_at > now;
+}
+
+bool is_reapable(const AppliedRecord& record, Micros now) noexcept { return !is_live(record, now); }
+
+bool should_apply(const AppliedRecord* record, std::int64_t version, Micros now) noexcept {
+  return record == nullptr || !is_live(*record, now) || version > record->version;
 }
 
 }  // namespace idempotency

@@ -29,6 +29,9 @@ struct OutboxEvent {
   // Emitted by the calling transaction, so not committed: a relay in the same
   // transaction must not publish what may still roll back.
   bool emitted_here = false;
+  // The calling transaction (or a subtransaction of it that did not roll back) wrote
+  // this version: emitted, leased, settled or requeued it.
+  bool written_by_this_transaction = false;
 };
 
 // Pending and not held by a live lease: a relay may take it.
@@ -45,7 +48,9 @@ OutboxEvent bury(const OutboxEvent& leased) noexcept;
 // A dead letter back to pending, keeping its seq, position and attempt count.
 bool may_requeue(const OutboxEvent& event) noexcept;
 OutboxEvent requeue(const OutboxEvent& dead) noexcept;
-// Whether the worker removes the event: delivered at least `retention` ago.
+// Whether the worker removes the event: delivered at least `retention` ago, and not
+// by the calling transaction (a pass never removes what a transaction in progress
+// wrote; idem_reap in that transaction leaves it too).
 bool is_removable(const OutboxEvent& event, Micros now, Micros retention) noexcept;
 
 // The gate of one relay batch. The relay reads pending events in emission order,
@@ -73,7 +78,24 @@ AggregateSeen after(Admission admission, AggregateSeen seen) noexcept;
 // aggregate's lock and read `last` after taking it).
 std::int64_t next_seq(std::optional<std::int64_t> last) noexcept;
 
-// idem_apply_version: apply `version` only if it is above the last one applied.
-bool should_apply(std::optional<std::int64_t> last_applied, std::int64_t version) noexcept;
+// An entity's record in idempotency.applied_versions: the last version applied.
+struct AppliedRecord {
+  std::int64_t version = 0;
+  Micros expires_at = 0;  // ttl after its last change
+  // The calling transaction (or a subtransaction of it that did not roll back) wrote
+  // this version of the record.
+  bool written_by_this_transaction = false;
+};
+
+// Live as a key's row is (key_state.hpp): until it expires, and whatever its
+// expires_at while the calling transaction, in progress, wrote it (a record another
+// transaction is writing is waited for before anything is decided). An expired record
+// is forgotten, reaped yet or not.
+bool is_live(const AppliedRecord& record, Micros now) noexcept;
+// Whether the worker (or idem_reap) deletes the record.
+bool is_reapable(const AppliedRecord& record, Micros now) noexcept;
+// idem_apply_version: apply `version` only if it is above the one a live record holds
+// (`record` null: none is stored).
+bool should_apply(const AppliedRecord* record, std::int64_t version, Micros now) noexcept;
 
 }  // namespace idempotency

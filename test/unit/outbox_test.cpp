@@ -89,6 +89,10 @@ TEST(Removal, OnlyDeliveredEventsPastTheRetention) {
   EXPECT_FALSE(is_removable(pending(), kNow, 0));
   EXPECT_FALSE(is_removable(bury(leased(kNow, true)), kNow, 0));
   EXPECT_FALSE(is_removable(leased(kNow - 100 * kSecond, false), kNow, 0));
+  // Not one the calling transaction delivered (idem_reap in it).
+  OutboxEvent delivered_here = delivered;
+  delivered_here.written_by_this_transaction = true;
+  EXPECT_FALSE(is_removable(delivered_here, kNow, 0));
 }
 
 // One relay's scan of an aggregate's pending events, in seq order: which go into
@@ -159,12 +163,44 @@ TEST(Seq, StartsAtOneWithoutGaps) {
   EXPECT_EQ(next_seq(41), 42);
 }
 
+AppliedRecord record(std::int64_t version, Micros expires_at = kNow + kSecond) {
+  return AppliedRecord{version, expires_at, false};
+}
+
+AppliedRecord written_here(AppliedRecord record) {
+  record.written_by_this_transaction = true;
+  return record;
+}
+
 TEST(ApplyVersion, OnlyAboveTheLastApplied) {
-  EXPECT_TRUE(should_apply(std::nullopt, 1));
-  EXPECT_TRUE(should_apply(std::nullopt, -5));
-  EXPECT_TRUE(should_apply(3, 4));
-  EXPECT_FALSE(should_apply(3, 3));
-  EXPECT_FALSE(should_apply(3, 2));
+  EXPECT_TRUE(should_apply(nullptr, 1, kNow));
+  EXPECT_TRUE(should_apply(nullptr, -5, kNow));
+  AppliedRecord three = record(3);
+  EXPECT_TRUE(should_apply(&three, 4, kNow));
+  EXPECT_FALSE(should_apply(&three, 3, kNow));
+  EXPECT_FALSE(should_apply(&three, 2, kNow));
+}
+
+TEST(ApplyVersion, AnExpiredRecordIsForgotten) {
+  for (Micros expires_at : {kNow, kNow - kSecond}) {
+    AppliedRecord expired = record(10, expires_at);
+    EXPECT_FALSE(is_live(expired, kNow));
+    EXPECT_TRUE(is_reapable(expired, kNow));
+    EXPECT_TRUE(should_apply(&expired, 3, kNow));
+    EXPECT_TRUE(should_apply(&expired, 10, kNow));
+  }
+  EXPECT_FALSE(is_reapable(record(10), kNow));
+}
+
+TEST(ApplyVersion, ARecordThisTransactionWroteStaysPastItsWindow) {
+  // The calling transaction is in progress: what it recorded is live until it ends,
+  // so a duplicate or older message is still skipped, and idem_reap leaves it.
+  AppliedRecord own = written_here(record(10, kNow - kSecond));
+  EXPECT_TRUE(is_live(own, kNow));
+  EXPECT_FALSE(is_reapable(own, kNow));
+  EXPECT_FALSE(should_apply(&own, 3, kNow));
+  EXPECT_FALSE(should_apply(&own, 10, kNow));
+  EXPECT_TRUE(should_apply(&own, 11, kNow));
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include "pg/keys/identity_lock.hpp"
 #include "pg/messaging/keyed_write.hpp"
 #include "pg/messaging/messaging_catalog.hpp"
+#include "pg/messaging/outbox_row.hpp"
 #include "pg/common/table.hpp"
 
 extern "C" {
@@ -68,12 +69,9 @@ static Datum apply_version(FunctionCallInfo fcinfo) {
   KeyedLoop loop(&applied, oids.applied_pkey, keys, 3, lock, default_wait_deadline(now));
   bool found;
   while (loop.next(&found)) {
-    std::optional<int64> last;
-    bool isnull;
-    // An expired record is forgotten, as an expired key is, whether reaped yet or not.
-    if (found && DatumGetTimestampTz(column(&applied, col::kExpiresAt, &isnull)) > now)
-      last = DatumGetInt64(column(&applied, col::kVersion, &isnull));
-    apply = should_apply(last, version);
+    AppliedRecord record;
+    if (found) record = read_applied(&applied);  // with whether this transaction wrote it
+    apply = should_apply(found ? &record : nullptr, version, now);
     KeyedWrite write{found ? KeyedWrite::kUpdate : KeyedWrite::kInsert, values, nulls};
     loop.apply(apply ? write : KeyedWrite{});
   }

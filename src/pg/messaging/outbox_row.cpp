@@ -16,6 +16,15 @@ bool same_text(Datum a, const text* b) {
          memcmp(VARDATA_ANY(t), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(b)) == 0;
 }
 
+// Whether the calling transaction (or a subtransaction of it not rolled back) wrote
+// the row version in the slot.
+static bool written_here(TupleTableSlot* slot) {
+  bool isnull;
+  TransactionId writer =
+      DatumGetTransactionId(slot_getsysattr(slot, MinTransactionIdAttributeNumber, &isnull));
+  return TransactionIdIsCurrentTransactionId(writer);
+}
+
 OutboxEvent read_event(Table* outbox, const text* relay) {
   Datum values[kCount];
   bool nulls[kCount];
@@ -32,13 +41,21 @@ OutboxEvent read_event(Table* outbox, const text* relay) {
   if (!nulls[kDeliveredAt - 1]) event.delivered_at = DatumGetTimestampTz(values[kDeliveredAt - 1]);
   event.leased_to_caller =
       relay != nullptr && !nulls[kRelay - 1] && same_text(values[kRelay - 1], relay);
+  event.written_by_this_transaction = written_here(outbox->slot);
   // Only an emit writes an event not yet handed out (attempt 0): this version's
   // writer is then its emitter.
-  bool isnull;
-  TransactionId writer = DatumGetTransactionId(
-      slot_getsysattr(outbox->slot, MinTransactionIdAttributeNumber, &isnull));
-  event.emitted_here = event.attempt == 0 && TransactionIdIsCurrentTransactionId(writer);
+  event.emitted_here = event.attempt == 0 && event.written_by_this_transaction;
   return event;
+}
+
+AppliedRecord read_applied(Table* applied) {
+  namespace col = applied_column;
+  AppliedRecord record;
+  bool isnull;
+  record.version = DatumGetInt64(column(applied, col::kVersion, &isnull));
+  record.expires_at = DatumGetTimestampTz(column(applied, col::kExpiresAt, &isnull));
+  record.written_by_this_transaction = written_here(applied->slot);
+  return record;
 }
 
 Write write_event(Table* outbox, const OutboxEvent& next, const text* relay, const text* reason,

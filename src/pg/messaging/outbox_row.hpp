@@ -1,5 +1,6 @@
-// An outbox event's row and the core's OutboxEvent, both ways: the one place where
-// the glue turns an event's stored values into what src/core/outbox.hpp decides on.
+// An outbox event's row and the core's OutboxEvent, both ways, and an applied
+// version's row as the core's AppliedRecord: the one place where the glue turns
+// messaging's stored values into what src/core/outbox.hpp decides on.
 #pragma once
 
 #include "core/outbox.hpp"
@@ -14,6 +15,10 @@ bool same_text(Datum a, const text* b);
 // The row in the table's slot as the core sees it; `relay` (may be null) is the
 // caller's name, to tell whether the event was last leased to it.
 OutboxEvent read_event(Table* outbox, const text* relay);
+
+// The row of idempotency.applied_versions in the table's slot as the core sees it,
+// with whether this transaction wrote that version.
+AppliedRecord read_applied(Table* applied);
 
 // Writes `next` over the row version in the table's slot; the relay column becomes
 // `relay` when given, and NULL when the event is requeued; the reason column `reason`

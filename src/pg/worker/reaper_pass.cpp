@@ -134,10 +134,8 @@ int64 sweep_messaging(Snapshot snapshot, TimestampTz now, int64 max_rows) {
   close_table(&outbox);
   Table applied;
   open_table(&applied, oids.applied, true);
-  deleted += sweep_index(&applied, oids.applied_expires, snapshot, now, max_rows - deleted, [&] {
-    bool isnull;
-    return DatumGetTimestampTz(column(&applied, applied_column::kExpiresAt, &isnull)) <= now;
-  });
+  deleted += sweep_index(&applied, oids.applied_expires, snapshot, now, max_rows - deleted,
+                         [&] { return is_reapable(read_applied(&applied), now); });
   deleted +=
       sweep_applied_of_dropped_roles(&applied, oids.applied_pkey, snapshot, max_rows - deleted);
   close_table(&applied);
