@@ -20,11 +20,18 @@ export LANG=C.UTF-8 LC_ALL=C.UTF-8
 # for the random-query test (test/t/011_sqlsmith.pl); nodejs for the fingerprint client
 # (examples/fingerprint); rabbitmq-server and python3-pika for the messaging example
 # (examples/messaging) and its test, which runs a broker of its own (the package's
-# system broker, if its installation started one, is left alone).
+# system broker, if its installation started one, is left alone); the JDK with JDBC,
+# Go with lib/pq, and npm (node-postgres) for the clients of examples/clients and
+# test/t/019_clients.pl.
 REQUIRED_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libssl-dev
                    g++ make cmake libgtest-dev libipc-run-perl perl clang libclang-rt-14-dev
                    python3 python3-psycopg python3-psycopg-pool pgbouncer sqlsmith git
-                   clang-format clang-tidy bear nodejs rabbitmq-server python3-pika)
+                   clang-format clang-tidy bear nodejs rabbitmq-server python3-pika
+                   openjdk-17-jdk-headless libpostgresql-jdbc-java golang-go
+                   golang-github-lib-pq-dev)
+# Debian's nodejs comes without npm; NodeSource's bundles it and conflicts with
+# Debian's npm package. So Debian's npm only where there is no npm.
+command -v npm >/dev/null 2>&1 || REQUIRED_PACKAGES+=(npm)
 
 # What the demo needs: the server, its headers, a compiler and OpenSSL; nothing else.
 DEMO_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libssl-dev g++ make)
