@@ -6,7 +6,8 @@
 // key in one transaction, and answers as an HTTP service would (docs/clients.md): 201
 // (a retry gets the same body with Idempotent-Replayed: true), 409 with Retry-After
 // (in_progress), 422 (IK001), 400 (22P02), 503 (40001/40P01 still there after the
-// retries, other transient errors), 500 (anything else, IK002 included).
+// retries, other transient errors), the rest as docs/reference.md's error table says,
+// 500 for anything else (IK002 included).
 //
 // It needs the table and scope of examples/create_payment.sql. Connection settings come
 // from the PG* environment variables (PGHOST, PGPORT, PGDATABASE, PGUSER).
@@ -45,8 +46,10 @@ const attempts = 5
 // retried: the whole transaction again, after a backoff.
 var retried = map[string]bool{"IK005": true, "40001": true, "40P01": true}
 
-var statusOf = map[string]int{"IK001": 422, "22P02": 400, "IK005": 409, "40001": 503, "40P01": 503,
-	"55P03": 503, "57014": 503, "IK006": 503, "25006": 503}
+// statusOf: the HTTP column of docs/reference.md's error table; anything else is 500.
+var statusOf = map[string]int{"IK001": 422, "IK003": 409, "IK005": 409, "22P02": 400, "22004": 400,
+	"22023": 400, "54000": 413, "40001": 503, "40P01": 503, "55P03": 503, "57014": 503, "IK006": 503,
+	"25006": 503}
 
 type Response struct {
 	Status int

@@ -5,7 +5,8 @@
 // the key in one transaction, and answers as an HTTP service would (docs/clients.md): 201
 // (a retry gets the same body with Idempotent-Replayed: true), 409 with Retry-After
 // (in_progress), 422 (IK001), 400 (22P02), 503 (40001/40P01 still there after the
-// retries, other transient errors), 500 (anything else, IK002 included).
+// retries, other transient errors), the rest as docs/reference.md's error table says,
+// 500 for anything else (IK002 included).
 //
 // It needs the table and scope of examples/create_payment.sql. Connection settings come
 // from the PG* environment variables (PGHOST, PGPORT, PGDATABASE, PGUSER).
@@ -36,8 +37,12 @@ public final class Payments {
 
   static final Set<String> RETRIED = Set.of("IK005", "40001", "40P01"); // after a backoff
   static final int ATTEMPTS = 5;
-  static final Map<String, Integer> STATUS = Map.of("IK001", 422, "22P02", 400, "IK005", 409,
-      "40001", 503, "40P01", 503, "55P03", 503, "57014", 503, "IK006", 503, "25006", 503);
+  // The HTTP column of docs/reference.md's error table; anything else is 500.
+  static final Map<String, Integer> STATUS = Map.ofEntries(Map.entry("IK001", 422),
+      Map.entry("IK003", 409), Map.entry("IK005", 409), Map.entry("22P02", 400),
+      Map.entry("22004", 400), Map.entry("22023", 400), Map.entry("54000", 413),
+      Map.entry("40001", 503), Map.entry("40P01", 503), Map.entry("55P03", 503),
+      Map.entry("57014", 503), Map.entry("IK006", 503), Map.entry("25006", 503));
 
   record Response(int status, Map<String, String> headers, String body) {}
 

@@ -4,7 +4,8 @@
 // key in one transaction, and answers as an HTTP service would (docs/clients.md): 201
 // (a retry gets the same body with Idempotent-Replayed: true), 409 with Retry-After
 // (in_progress), 422 (IK001), 400 (22P02), 503 (40001/40P01 still there after the
-// retries, other transient errors), 500 (anything else, IK002 included).
+// retries, other transient errors), the rest as docs/reference.md's error table says,
+// 500 for anything else (IK002 included).
 //
 // It needs the table and scope of examples/create_payment.sql. Connection settings come
 // from the PG* environment variables (PGHOST, PGPORT, PGDATABASE, PGUSER).
@@ -23,8 +24,10 @@ const COMPLETE = `SELECT idem_complete('payments', $1::idem_key, $2::jsonb)`;
 
 const RETRIED = new Set(['IK005', '40001', '40P01']); // the whole transaction again, after a backoff
 const ATTEMPTS = 5;
-const STATUS = { 'IK001': 422, '22P02': 400, 'IK005': 409, '40001': 503, '40P01': 503,
-                 '55P03': 503, '57014': 503, 'IK006': 503, '25006': 503 };
+// The HTTP column of docs/reference.md's error table; anything else is 500.
+const STATUS = { 'IK001': 422, 'IK003': 409, 'IK005': 409, '22P02': 400, '22004': 400, '22023': 400,
+                 '54000': 413, '40001': 503, '40P01': 503, '55P03': 503, '57014': 503, 'IK006': 503,
+                 '25006': 503 };
 
 async function payOnce(pool, key, account, amount) {
   const client = await pool.connect();

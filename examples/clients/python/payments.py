@@ -8,7 +8,8 @@ in one transaction, and answers as an HTTP service would (docs/clients.md):
     409  another attempt holds the key (in_progress): Retry-After, in seconds
     422  IK001, the key was used for another request; 400 an invalid key (22P02)
     503  a conflict still there after the retries (40001, 40P01), and other
-         transient errors; 500 anything else (IK002: a code path left the claim open)
+         transient errors; the rest as docs/reference.md's error table says, and
+         500 for anything else (IK002: a code path left the claim open)
 
 It needs the table and scope of examples/create_payment.sql. Connection settings come
 from the PG* environment variables (PGHOST, PGPORT, PGDATABASE, PGUSER). Two commands:
@@ -37,8 +38,10 @@ COMPLETE = "SELECT idem_complete('payments', %s::idem_key, %s)"
 
 RETRIED = {"IK005", "40001", "40P01"}  # the whole transaction again, after a backoff
 ATTEMPTS = 5
-STATUS = {"IK001": 422, "22P02": 400, "IK005": 409, "40001": 503, "40P01": 503,
-          "55P03": 503, "57014": 503, "IK006": 503, "25006": 503}
+# The HTTP column of docs/reference.md's error table; anything else is 500.
+STATUS = {"IK001": 422, "IK003": 409, "IK005": 409, "22P02": 400, "22004": 400, "22023": 400,
+          "54000": 413, "40001": 503, "40P01": 503, "55P03": 503, "57014": 503, "IK006": 503,
+          "25006": 503}
 
 
 def pay_once(conn, key, account, amount):
