@@ -19,7 +19,10 @@ BEGIN
                   idem_fingerprint(jsonb_build_object('account', p_account, 'amount', p_amount)),
                   route => p_account);
   IF c.outcome = 'replay' THEN result := c.response; RETURN; END IF;
-  IF c.outcome = 'in_progress' THEN RAISE EXCEPTION 'retry after %', c.retry_after; END IF;
+  IF c.outcome = 'in_progress' THEN   -- IK005, so that a client can answer 409 with Retry-After
+    RAISE EXCEPTION 'payment % is in progress', p_key
+      USING ERRCODE = 'IK005', HINT = format('Retry after %s.', c.retry_after);
+  END IF;
   INSERT INTO payments(account, amount) VALUES (p_account, p_amount) RETURNING id INTO v_id;
   result := jsonb_build_object('payment_id', v_id, 'amount', p_amount);
   PERFORM idem_complete('payments', p_key, result, route => p_account);

@@ -29,7 +29,8 @@ BEGIN
   c := idem_claim('orders', p_key, idem_fingerprint(to_jsonb(p_amount)), lease => '2 seconds');
   IF c.outcome = 'replay' THEN result := c.response; RETURN; END IF;
   IF c.outcome <> 'claimed' THEN
-    RAISE EXCEPTION 'order % is in progress', p_key USING HINT = 'retry after ' || c.retry_after;
+    RAISE EXCEPTION 'order % is in progress', p_key
+      USING ERRCODE = 'IK005', HINT = format('Retry after %s.', c.retry_after);
   END IF;
   COMMIT;  -- the lease claim is visible now: a retry waits for it or takes it over
 

@@ -24,13 +24,20 @@ export LANG=C.UTF-8 LC_ALL=C.UTF-8
 # prometheus-postgres-exporter for the exporter query of docs/operations.md
 # (test/t/020_exporter.pl, which runs one of its own); debhelper, dpkg-dev,
 # build-essential and postgresql-server-dev-all (pg_buildext) for the Debian package
-# (debian/).
+# (debian/);
+# the JDK with JDBC, Go with lib/pq, and npm (node-postgres) for the clients of
+# examples/clients and test/t/021_clients.pl.
 REQUIRED_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libssl-dev
                    g++ make cmake libgtest-dev libipc-run-perl perl clang libclang-rt-14-dev
                    python3 python3-psycopg python3-psycopg-pool pgbouncer sqlsmith git
                    clang-format clang-tidy bear nodejs rabbitmq-server python3-pika
                    prometheus-postgres-exporter debhelper dpkg-dev build-essential
-                   postgresql-server-dev-all)
+                   postgresql-server-dev-all
+                   openjdk-17-jdk-headless libpostgresql-jdbc-java golang-go
+                   golang-github-lib-pq-dev)
+# Debian's nodejs comes without npm; NodeSource's bundles it and conflicts with
+# Debian's npm package. So Debian's npm only where there is no npm.
+command -v npm >/dev/null 2>&1 || REQUIRED_PACKAGES+=(npm)
 
 # What the demo needs: the server, its headers, a compiler and OpenSSL; nothing else.
 DEMO_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libssl-dev g++ make)

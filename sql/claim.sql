@@ -21,6 +21,15 @@ ROLLBACK;
 SELECT count(*) AS rows_for_pay_2 FROM idem_lookup('payments', 'pay-2');
 CALL create_payment('pay-2', 7, 5.00);
 SELECT count(*) AS payments FROM payments;
+-- A key held by a live lease: the procedure raises IK005 (its hint says when to retry,
+-- the lease's remaining time, not shown here), so a client can answer 409.
+SELECT outcome FROM idem_claim('payments', 'pay-3', lease => '1 hour');
+\set VERBOSITY terse
+CALL create_payment('pay-3', 7, 5.00);
+\set VERBOSITY default
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_forget('payments', 'pay-3');
+SELECT count(*) AS payments FROM payments;
 
 -- Rule 1: a new key is claimed, attempt 1, state pending.
 BEGIN;

@@ -44,6 +44,23 @@ SELECT idem_emit('msg', '{}'::text);
 \echo :LAST_ERROR_SQLSTATE
 SELECT idem_derive('root'::text, 'step');
 \echo :LAST_ERROR_SQLSTATE
+-- The key named ("key => text") is hinted too.
+SELECT idem_lookup('msg', key => 'k'::text);
+\echo :LAST_ERROR_SQLSTATE
+-- A text[] where the relay's functions expect idem_key[] (ARRAY['...'] is text[]): the
+-- hint names ::idem_key[], positional or named.
+SELECT idem_outbox_ack('relay-1', ARRAY['e-1']);
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_outbox_dead('relay-1', ARRAY['e-1']::varchar[], 'poison');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_outbox_retry(event_ids => ARRAY['e-1']);
+\echo :LAST_ERROR_SQLSTATE
+-- A single text where the array is expected is another mistake: PostgreSQL's hint.
+SELECT idem_outbox_ack('relay-1', 'e-1'::text);
+\echo :LAST_ERROR_SQLSTATE
+-- The hinted forms work.
+SELECT idem_outbox_ack('relay-1', ARRAY['e-1']::idem_key[]);
+SELECT idem_outbox_retry(ARRAY['e-1']::text[]::idem_key[]);
 -- The hinted form works.
 BEGIN;
 SELECT outcome FROM idem_claim('msg', 'k'::text::idem_key);

@@ -25,7 +25,8 @@
 --
 --   CREATE ROLE relay LOGIN;
 --   GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text[]),
---       idem_outbox_ack(text, idem_key[]), idem_outbox_dead(text, idem_key[], text) TO relay;
+--       idem_outbox_ack(text, idem_key[]), idem_outbox_dead(text, idem_key[], text),
+--       idem_outbox_retry(idem_key[]), idem_outbox_dead_letters(text, integer) TO relay;
 CREATE TABLE payments (id bigserial PRIMARY KEY, key text NOT NULL, account bigint NOT NULL,
                        amount numeric NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
 

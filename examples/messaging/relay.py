@@ -21,7 +21,7 @@ fixed (a consumer binds a queue for the topic), an operator puts it back for del
 with its original seq:
 
     SELECT * FROM idem_outbox_dead_letters();         -- what is dead, and why
-    SELECT idem_outbox_retry(ARRAY['<event id>']);    -- or idem_outbox_retry() for all
+    SELECT idem_outbox_retry(ARRAY['<event id>']::idem_key[]);  -- or idem_outbox_retry()
 
 Failures: nothing is lost if the relay, the broker or PostgreSQL fails at any point.
 Events published but not acked (the relay died, or lost PostgreSQL before the ack)
@@ -37,8 +37,10 @@ Run it (Debian 12: apt-get install python3-psycopg python3-pika) against the pro
 database, as a role that may call the relay functions (they are not granted to
 PUBLIC):
 
+    CREATE ROLE relay LOGIN;
     GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text[]),
-        idem_outbox_ack(text, idem_key[]), idem_outbox_dead(text, idem_key[], text) TO relay;
+        idem_outbox_ack(text, idem_key[]), idem_outbox_dead(text, idem_key[], text),
+        idem_outbox_retry(idem_key[]), idem_outbox_dead_letters(text, integer) TO relay;
 
     DATABASE_URL='host=127.0.0.1 dbname=shop user=relay' \\
     AMQP_URL='amqp://guest:guest@127.0.0.1:5672/%2F' RELAY_NAME=relay-1 \\

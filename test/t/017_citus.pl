@@ -297,10 +297,10 @@ sub stop_load {
 sub describe { my ($errors) = @_; join('; ', map { "$_ x$errors->{$_}" } sort keys %$errors) || 'none' }
 
 # Errors a call racing a move may meet: IK006 (the shard left the node it was routed
-# to) and the procedure's own "retry after" (a duplicate in flight).
+# to) and the procedure's own IK005 "payment ... is in progress" (a duplicate in flight).
 sub unexpected {
 	my ($errors) = @_;
-	return grep { !/^the key's shard \d+ of the key store is on|^retry after/ } keys %$errors;
+	return grep { !/^the key's shard \d+ of the key store is on|^payment \S+ is in progress/ } keys %$errors;
 }
 
 # The calls run as role app (a key belongs to the role that claimed it).

@@ -12,47 +12,92 @@ namespace idempotency {
 
 static emit_log_hook_type previous_emit_log_hook = nullptr;
 
-// Whether the argument list at `argument` starts with a text or varchar argument.
-static bool is_text_type(const char* argument) {
-  for (const char* type : {"text", "character varying"}) {
-    size_t n = strlen(type);
-    if (strncmp(argument, type, n) == 0 && (argument[n] == ',' || argument[n] == ')')) return true;
+// What a "function ... does not exist" error says about a key argument.
+enum class KeyMistake { kNone, kTextKey, kTextKeyArray };
+
+// Whether an argument's type, as PostgreSQL's message spells it, is text or varchar
+// (or an array of either, with `array`).
+static bool is_text_type(const char* type, size_t length, bool array) {
+  for (const char* name : {"text", "character varying"}) {
+    size_t n = strlen(name);
+    if (length == n + (array ? 2 : 0) && strncmp(type, name, n) == 0 &&
+        (!array || strncmp(type + n, "[]", 2) == 0))
+      return true;
   }
   return false;
 }
 
-// "function idem_claim(unknown, text) does not exist", the name qualified or not: a
-// function on one key whose key argument is text or varchar (and not, say, idem_emit
-// given a text payload).
-static bool is_key_passed_as_text(const ErrorData* error) {
+// "function idem_claim(unknown, text) does not exist", the name qualified or not, the
+// arguments positional or named ("key => text"): a function on keys whose key argument
+// (or array of event ids) is text or varchar (and not, say, idem_emit given a text
+// payload).
+static KeyMistake key_mistake(const ErrorData* error) {
   static const struct {
     const char* name;
-    int key_argument;
-  } kKeyFunctions[] = {{"idem_claim(", 1},   {"idem_complete(", 1},   {"idem_fail(", 1},
-                       {"idem_release(", 1}, {"idem_checkpoint(", 1}, {"idem_once(", 1},
-                       {"idem_forget(", 1},  {"idem_lookup(", 1},     {"idem_derive(", 0}};
+    int position;
+    const char* argument;
+    bool array;
+  } kKeyFunctions[] = {{"idem_claim", 1, "key", false},
+                       {"idem_complete", 1, "key", false},
+                       {"idem_fail", 1, "key", false},
+                       {"idem_release", 1, "key", false},
+                       {"idem_checkpoint", 1, "key", false},
+                       {"idem_once", 1, "key", false},
+                       {"idem_forget", 1, "key", false},
+                       {"idem_lookup", 1, "key", false},
+                       {"idem_derive", 0, "root", false},
+                       {"idem_outbox_ack", 1, "event_ids", true},
+                       {"idem_outbox_dead", 1, "event_ids", true},
+                       {"idem_outbox_retry", 0, "event_ids", true}};
   const char* message = error->message;
-  if (message == nullptr || strncmp(message, "function ", 9) != 0) return false;
+  if (message == nullptr || strncmp(message, "function ", 9) != 0) return KeyMistake::kNone;
+  const char* open = strchr(message, '(');
+  const char* close = strrchr(message, ')');
+  if (open == nullptr || close == nullptr || close < open) return KeyMistake::kNone;
+  const char* name = message + 9;
+  for (const char* dot = name; dot < open; dot++)
+    if (*dot == '.') name = dot + 1;
   for (const auto& function : kKeyFunctions) {
-    const char* name = strstr(message, function.name);
-    if (name == nullptr || strchr(message, '(') != name + strlen(function.name) - 1) continue;
-    const char* argument = name + strlen(function.name);
-    for (int i = 0; i < function.key_argument && argument != nullptr; i++) {
-      argument = strstr(argument, ", ");
-      if (argument != nullptr) argument += 2;
+    if (strlen(function.name) != size_t(open - name) ||
+        strncmp(name, function.name, open - name) != 0)
+      continue;
+    // Each argument is "type" or, in named notation, "name => type".
+    int position = 0;
+    for (const char* argument = open + 1; argument < close; position++) {
+      const char* end = strstr(argument, ", ");
+      if (end == nullptr || end > close) end = close;
+      const char* arrow = strstr(argument, " => ");
+      bool named = arrow != nullptr && arrow < end;
+      const char* type = named ? arrow + 4 : argument;
+      bool is_key = named ? (size_t(arrow - argument) == strlen(function.argument) &&
+                             strncmp(argument, function.argument, arrow - argument) == 0)
+                          : position == function.position;
+      if (is_key && is_text_type(type, end - type, function.array))
+        return function.array ? KeyMistake::kTextKeyArray : KeyMistake::kTextKey;
+      argument = end == close ? close : end + 2;
     }
-    return argument != nullptr && is_text_type(argument);
+    return KeyMistake::kNone;
   }
-  return false;
+  return KeyMistake::kNone;
 }
 
 static void add_hints(ErrorData* error) {
   if (error->elevel < ERROR) return;
-  if (error->sqlerrcode == ERRCODE_UNDEFINED_FUNCTION && is_key_passed_as_text(error)) {
-    error->hint = pstrdup(
-        "Idempotency keys are of type idem_key: write the key as 'the-key'::idem_key, or "
-        "convert a text value with value::idem_key (or idem_key(value)).");
-    return;
+  if (error->sqlerrcode == ERRCODE_UNDEFINED_FUNCTION) {
+    switch (key_mistake(error)) {
+      case KeyMistake::kTextKey:
+        error->hint = pstrdup(
+            "Idempotency keys are of type idem_key: write the key as 'the-key'::idem_key, or "
+            "convert a text value with value::idem_key (or idem_key(value)).");
+        return;
+      case KeyMistake::kTextKeyArray:
+        error->hint = pstrdup(
+            "Event ids are of type idem_key[]: write the array as ARRAY['id-1', "
+            "'id-2']::idem_key[] or '{id-1,id-2}', or convert a text[] value with "
+            "value::idem_key[].");
+        return;
+      case KeyMistake::kNone: break;
+    }
   }
   if (error->sqlerrcode != ERRCODE_INVALID_TRANSACTION_TERMINATION) return;
   const Identity* lease = last_lease_claim();

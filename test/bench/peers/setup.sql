@@ -12,7 +12,10 @@ BEGIN
   c := idem_claim('payments', p_key,
                   idem_fingerprint(jsonb_build_object('account', p_account, 'amount', p_amount)));
   IF c.outcome = 'replay' THEN result := c.response; RETURN; END IF;
-  IF c.outcome = 'in_progress' THEN RAISE EXCEPTION 'retry after %', c.retry_after; END IF;
+  IF c.outcome = 'in_progress' THEN   -- IK005, so that a client can answer 409 with Retry-After
+    RAISE EXCEPTION 'payment % is in progress', p_key
+      USING ERRCODE = 'IK005', HINT = format('Retry after %s.', c.retry_after);
+  END IF;
   INSERT INTO payments(key, account, amount) VALUES (p_key::text, p_account, p_amount)
     RETURNING jsonb_build_object('payment_id', id, 'amount', amount) INTO result;
   PERFORM idem_complete('payments', p_key, result);
