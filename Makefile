@@ -72,6 +72,19 @@ dist:
 	worktree=$$(git -c user.name=make-dist -c user.email=make-dist@localhost stash create) && \
 	  git archive --format=tar.gz --prefix=$(DISTNAME)/ -o $(DISTNAME).tar.gz $${worktree:-HEAD}
 
+# make installcheck-server: the regression tests against a running server instead of a
+# temporary instance: the one libpq's environment names (PGHOST, PGPORT, PGUSER, a
+# superuser), after `make install` there, in a database of their own (SERVER_TESTDB),
+# dropped afterwards. A test needing a server-wide setting the server lacks is skipped
+# with the reason (test/installcheck_server.sh says which and what it sets).
+SERVER_TESTDB = idempotency_installcheck
+
+.PHONY: installcheck-server
+installcheck-server:
+	PG_REGRESS='$(top_builddir)/src/test/regress/pg_regress' PG_BINDIR='$(bindir)' \
+	  EXT_VERSION='$(EXT_VERSION)' SERVER_TESTDB='$(SERVER_TESTDB)' \
+	  EXTRA_REGRESS_OPTS='$(EXTRA_REGRESS_OPTS)' test/installcheck_server.sh $(REGRESS)
+
 # The developer loop: clang-format (.clang-format) and clang-tidy (.clang-tidy), over
 # the C++ of both halves. `make lint` records the compiler's commands with bear, so
 # compile_commands.json covers src/pg (with PostgreSQL's headers) as well as src/core.
