@@ -46,20 +46,21 @@ fail() {
   exit 2
 }
 
-# What the server is, in one session.
-if ! facts=$(sql postgres "SELECT (SELECT rolsuper FROM pg_roles WHERE rolname = current_user),
-                                  current_setting('server_version_num')::int / 10000,
-                                  coalesce((SELECT default_version FROM pg_available_extensions
-                                            WHERE name = 'idempotency'), 'none'),
-                                  current_setting('max_prepared_transactions'),
-                                  current_setting('shared_preload_libraries')" 2>&1); then
-  fail "cannot connect to the server ($where; the maintenance database 'postgres'): $facts
+# Whether it answers, and as a superuser.
+if ! superuser=$(sql postgres "SELECT rolsuper FROM pg_roles WHERE rolname = current_user" 2>&1); then
+  fail "cannot connect to the server ($where; the maintenance database 'postgres'): $superuser
 Set PGHOST, PGPORT and PGUSER (and PGPASSWORD or ~/.pgpass) as for psql."
 fi
-IFS='|' read -r superuser server_major available max_prepared preload <<<"$facts"
-client_major=$("$PG_BINDIR/pg_config" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
 [ "$superuser" = t ] ||
   fail "$where is not a superuser: the tests create the extension, roles and databases. Set PGUSER to a superuser."
+# What the server is.
+facts=$(sql postgres "SELECT current_setting('server_version_num')::int / 10000,
+                             coalesce((SELECT default_version FROM pg_available_extensions
+                                       WHERE name = 'idempotency'), 'none'),
+                             current_setting('max_prepared_transactions'),
+                             current_setting('shared_preload_libraries')")
+IFS='|' read -r server_major available max_prepared preload <<<"$facts"
+client_major=$("$PG_BINDIR/pg_config" --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
 [ "$server_major" = "$client_major" ] ||
   fail "the server runs PostgreSQL $server_major, this build is for $client_major: make install installcheck-server PG_CONFIG=<PostgreSQL $server_major's pg_config>"
 [ "$available" = "$EXT_VERSION" ] ||
