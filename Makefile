@@ -28,7 +28,7 @@ endif
 
 EXTRA_CLEAN = $(EXTENSION)-*.tar.gz tmp_check_regress tmp_check_iso
 
-REGRESS = key_type claim unwritten own_window finish lease abandoned fingerprint fingerprint_vectors identity lock_secret bad_input hostile layout settings reaper outbox apply_version open_relations ddl_rollback schemas messages routing
+REGRESS = key_type claim unwritten own_window finish lease abandoned fingerprint fingerprint_vectors identity lock_secret bad_input hostile layout settings reaper outbox apply_version open_relations two_phase ddl_rollback schemas messages routing
 # Each runs against a temporary instance of its own (as postgres, not root), with
 # the settings the tests need: `make installcheck` needs no running server.
 REGRESS_OPTS = --inputdir=. --temp-instance=tmp_check_regress --temp-config=test/regress.conf
@@ -71,6 +71,19 @@ DISTNAME = $(EXTENSION)-$(EXT_VERSION)
 dist:
 	worktree=$$(git -c user.name=make-dist -c user.email=make-dist@localhost stash create) && \
 	  git archive --format=tar.gz --prefix=$(DISTNAME)/ -o $(DISTNAME).tar.gz $${worktree:-HEAD}
+
+# make installcheck-server: the regression tests against a running server instead of a
+# temporary instance: the one libpq's environment names (PGHOST, PGPORT, PGUSER, a
+# superuser), after `make install` there, in a database of their own (SERVER_TESTDB),
+# dropped afterwards. A test needing a server-wide setting the server lacks is skipped
+# with the reason (test/installcheck_server.sh says which and what it sets).
+SERVER_TESTDB = idempotency_installcheck
+
+.PHONY: installcheck-server
+installcheck-server:
+	PG_REGRESS='$(top_builddir)/src/test/regress/pg_regress' PG_BINDIR='$(bindir)' \
+	  EXT_VERSION='$(EXT_VERSION)' SERVER_TESTDB='$(SERVER_TESTDB)' \
+	  EXTRA_REGRESS_OPTS='$(EXTRA_REGRESS_OPTS)' test/installcheck_server.sh $(REGRESS)
 
 # The developer loop: clang-format (.clang-format) and clang-tidy (.clang-tidy), over
 # the C++ of both halves. `make lint` records the compiler's commands with bear, so

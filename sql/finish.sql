@@ -116,7 +116,11 @@ BEGIN;
 SELECT pg_temp.pkey_scans() AS scans_before \gset
 SELECT count(*) FILTER (WHERE idem_once('redelivery', ('m-' || g)::idem_key)) AS applied
   FROM generate_series(1, 100) g;
-SELECT pg_temp.pkey_scans() - :scans_before AS scans_for_new_keys;
+-- (Without the library preloaded there are no insert counts in shared memory, and the
+-- first key is looked at once more before its insert: 2.)
+SELECT pg_temp.pkey_scans() - :scans_before
+         = CASE WHEN current_setting('shared_preload_libraries') LIKE '%idempotency%' THEN 1 ELSE 2 END
+         AS scans_for_new_keys_as_expected;
 SELECT pg_temp.pkey_scans() AS scans_before, pg_temp.insertions() AS insertions_before \gset
 SELECT count(*) FILTER (WHERE idem_once('redelivery', ('m-' || g)::idem_key)) AS applied
   FROM generate_series(1, 100) g;

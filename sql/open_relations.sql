@@ -75,13 +75,7 @@ BEGIN
 END $$;
 SELECT key FROM idempotency.keys WHERE scope = 'or-caught' ORDER BY key;
 
--- A prepared transaction closes them too.
-BEGIN;
-SELECT idem_once('or-2pc', 'prepared') AS first_time;
-SELECT idem_emit('or.2pc', '{}', 'agg-2pc') IS NOT NULL AS emitted;
-PREPARE TRANSACTION 'idem_open_relations';
-COMMIT PREPARED 'idem_open_relations';
-SELECT count(*) AS stored FROM idempotency.keys WHERE scope = 'or-2pc';
+-- A prepared transaction closes them too: two_phase.sql.
 
 -- idem_reap in the transaction that opened the key store, then another call. (The
 -- expired key is another transaction's: the transaction's own rows are live until it
@@ -145,7 +139,7 @@ SELECT idem_once('or-session', 'dropped') AS first_time;
 SELECT seq, payload FROM idempotency.outbox WHERE topic = 'or.session' ORDER BY seq;
 
 SELECT idem_forget('or-savepoint', 'kept'), idem_forget('or-caught', 'after'),
-       idem_forget('or-2pc', 'prepared'), idem_forget('or-reap', 'k');
+       idem_forget('or-reap', 'k');
 SELECT idem_forget('or-session', k::idem_key) FROM unnest(ARRAY['before', 'after', 'hashed', 'expression-1', 'expression-2', 'dropped']) k;
 SELECT idem_forget('or-other', 'after');
 DELETE FROM idempotency.outbox;

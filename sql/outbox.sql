@@ -240,21 +240,7 @@ SELECT idem_emit('own', '{"n": 1}', event_id => 'own-1');
 SELECT * FROM pg_temp.claim('relay-own', topics => '{own}');
 ROLLBACK;
 
--- A prepared transaction's events are relayed once COMMIT PREPARED commits them, and
--- vanish with ROLLBACK PREPARED.
-BEGIN;
-SELECT idem_emit('2pc', '{"n": 1}', 'P', event_id => 'p-1');
-PREPARE TRANSACTION 'idem_outbox_rolled_back';
-SELECT * FROM pg_temp.claim('relay-p', topics => '{2pc}');
-ROLLBACK PREPARED 'idem_outbox_rolled_back';
-SELECT * FROM pg_temp.claim('relay-p', topics => '{2pc}');
-BEGIN;
-SELECT idem_emit('2pc', '{"n": 2}', 'P', event_id => 'p-2');
-PREPARE TRANSACTION 'idem_outbox_committed';
-SELECT * FROM pg_temp.claim('relay-p', topics => '{2pc}');
-COMMIT PREPARED 'idem_outbox_committed';
-SELECT * FROM pg_temp.claim('relay-p', topics => '{2pc}');
-SELECT idem_outbox_ack('relay-p', '{p-2}') AS acked;
+-- A prepared transaction's events: two_phase.sql (it needs max_prepared_transactions).
 
 ------------------------------------------------------------------------------
 -- Retention and idem_stats

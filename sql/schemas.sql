@@ -3,6 +3,7 @@
 -- each used end to end: a claim, its completion and replay, idem_once, idem_lookup,
 -- idem_emit through the relay, and idem_apply_version. The store's columns of type
 -- idem_key are the extension's own type wherever CREATE EXTENSION put it.
+SELECT current_database() AS test_database \gset
 SET client_min_messages = warning;
 DROP DATABASE IF EXISTS regress_idem_schema_chosen;
 DROP DATABASE IF EXISTS regress_idem_schema_path;
@@ -66,7 +67,7 @@ BEGIN;
 COMMIT;
 :relay_it
 
-\c contrib_regression
+\c :test_database
 DROP DATABASE regress_idem_schema_chosen;
 DROP DATABASE regress_idem_schema_path;
 DROP DATABASE regress_idem_schema_public;

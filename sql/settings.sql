@@ -39,4 +39,5 @@ RESET ALL;
 -- The prefix is reserved.
 SET idempotency.no_such_setting = 1;
 \echo :LAST_ERROR_SQLSTATE
-SELECT name, setting, unit, context FROM pg_settings WHERE name LIKE 'idempotency.%' ORDER BY name;
+-- Each with its default (the server's own configuration may set the sighup ones).
+SELECT name, boot_val AS default, unit, context FROM pg_settings WHERE name LIKE 'idempotency.%' ORDER BY name;

@@ -21,6 +21,9 @@
 #      `make installcheck` three times: pg_regress (REGRESS) and the isolation specs
 #      (ISOLATION), each on a temporary instance of its own (test/regress.conf), then
 #      the TAP tests (TAP_TESTS), which start clusters of their own; a line per version.
+#      On the first version, also `make installcheck-server` (the regression tests
+#      against a running server, as a user runs them) against a throwaway cluster
+#      configured as a user's might be: one pass or failure.
 #      The Citus scale-out test (test/t/017_citus.pl: a coordinator and two workers)
 #      runs on PostgreSQL 17 and later when scripts/citus.sh's citus_for can give that
 #      PostgreSQL a Citus (installed there, or built once from CITUS_TARBALL or
@@ -532,6 +535,33 @@ run_pg_regress() {
   fi
 }
 
+# make installcheck-server against a throwaway cluster set up as a user's server might
+# be: the library preloaded with its worker on, max_prepared_transactions at its
+# default 0 (two_phase is skipped, saying so), a session default changed in
+# postgresql.conf. One pass, or one failure.
+run_installcheck_server() {
+  say "regress: make installcheck-server against a running server"
+  local PG_BIN dir=$work/server-check log=$work/installcheck-server.log status=0
+  PG_BIN=$(dirname "$PG_CONFIG")
+  if ! start_cluster_on_free_port "$dir" "shared_preload_libraries = 'idempotency'" \
+       "idempotency.default_ttl = '2h'"; then
+    stage_failed "make installcheck-server: its cluster did not start"
+    return
+  fi
+  (cd "$work/src" &&
+   runuser -u postgres -- env PGHOST=127.0.0.1 PGPORT="$CLUSTER_PORT" PGUSER=postgres \
+     timeout -k 30 "$REGRESS_TIMEOUT" \
+     make -s --no-print-directory installcheck-server PG_CONFIG="$PG_CONFIG") 2>&1 | tee "$log" ||
+    status=$?
+  stop_cluster "$dir"
+  if [ "$status" -eq 0 ] && grep -qE 'All [0-9]+ tests passed|^# All [0-9]+ tests passed' "$log"; then
+    count 1 0
+  else
+    if [ -f "$work/src/regression.diffs" ]; then head -n 3000 "$work/src/regression.diffs"; fi
+    stage_failed "make installcheck-server $(describe_status "$status" "$REGRESS_TIMEOUT")"
+  fi
+}
+
 run_tap_tests() {
   say "TAP tests (TAP_TESTS in the Makefile)"
   local expected status=0 log=$work/tap.log counts ok bad file name server_log
@@ -688,6 +718,10 @@ test_version() {
     if selected regress sql; then
       run_pg_regress regress REGRESS "$REGRESS_TIMEOUT" "$work/src/regression.diffs" \
         "$work/src/tmp_check_regress/log/postmaster.log" ISOLATION= TAP_TESTS=
+      if [ "$server_check_done" = no ]; then
+        server_check_done=yes
+        run_installcheck_server
+      fi
     fi
     if selected isolation sql; then
       run_pg_regress isolation ISOLATION "$ISOLATION_TIMEOUT" \
@@ -707,6 +741,7 @@ test_version() {
 if selected regress sql || selected isolation sql || selected tap sql; then
   version_lines=()
   not_run_lines=()
+  server_check_done=no
   for version in ${PG_VERSIONS//,/ }; do
     test_version "$version"
   done

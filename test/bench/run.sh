@@ -3,8 +3,9 @@
 # replays, hot keys, the reaper, a batch consumer and storage. Not part of CI.
 #   test/bench/run.sh            # ROUNDS=3 SECONDS_PER_RUN=10 CLIENTS=8 by default
 #   PG_VERSION=18 test/bench/run.sh   # another PostgreSQL (scripts/pg_versions.sh)
-# Prints a Markdown table and writes test/bench/results.md and test/bench/tps.svg
-# (results-pgNN.md and tps-pgNN.svg for a PG_VERSION other than 15).
+# Prints a Markdown table and writes test/bench/results.md (results-pgNN.md for a
+# PG_VERSION other than 15), then draws the charts from the results files with
+# test/bench/charts.sh (tps.svg or tps-pgNN.svg, and targets.svg).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 . scripts/lib.sh
@@ -27,7 +28,7 @@ work=$(mktemp -d /tmp/idempotency-bench.XXXXXX)
 chmod 755 "$work"
 # At exit the objects built for this version go, so that a later build for another starts clean.
 trap 'stop_cluster "$work/cluster"; rm -rf "$work"; make -s clean PG_CONFIG="$PG_CONFIG" >/dev/null' EXIT
-REQUIRED_PACKAGES+=(gnuplot-nox)  # the chart
+REQUIRED_PACKAGES+=(gnuplot-nox)  # the charts
 ensure_packages
 make -s clean PG_CONFIG="$PG_CONFIG" >/dev/null  # objects of another version's headers
 build_and_install
@@ -85,7 +86,6 @@ report=test/bench/results$suffix.md
       latency=$(awk 'NF { print $2 }' <<<"$rows" | median)
       failed=$(awk 'NF { s += $3 } END { print s + 0 }' <<<"$rows")
       echo "| $scenario | $sync | $tps ($low–$high) | $latency | $(awk -v a="$tps" -v b="$bare" 'BEGIN { printf "%.2f", a / b }') | $(awk -v a="$tps" -v b="$floor" 'BEGIN { printf "%.2f", a / b }') | $(awk -v a="$tps" -v b="$floor_ttl" 'BEGIN { printf "%.2f", a / b }') | $(awk -v a="$tps" -v b="$plpgsql" 'BEGIN { printf "%.2f", a / b }') | $failed |"
-      echo "$sync $scenario $tps" >>"$work/chart.dat"
     done
   done
 } >"$report"
@@ -296,22 +296,6 @@ response_bytes=$(runuser -u postgres -- psql -X -At -h 127.0.0.1 -p "$port" -d s
   echo "Measured $(date -u +%Y-%m-%d) on $(nproc) cores ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')), PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}'), $CLIENTS clients, $ROUNDS interleaved rounds of ${SECONDS_PER_RUN}s: \`PG_VERSION=$PG_VERSION ROUNDS=$ROUNDS SECONDS_PER_RUN=$SECONDS_PER_RUN test/bench/run.sh\`."
 } >>"$report"
 
-if command -v gnuplot >/dev/null; then
-  awk '$1 == "off" { print $2, $3 }' "$work/chart.dat" >"$work/off.dat"
-  awk '$1 == "on" { print $2, $3 }' "$work/chart.dat" >"$work/on.dat"
-  gnuplot <<GNUPLOT
-set terminal svg size 760,380 font "sans,11" noenhanced
-set output "test/bench/tps$suffix.svg"
-set title "TPS by scenario, $CLIENTS clients, medians of $ROUNDS rounds"
-set style data histograms
-set style histogram clustered gap 1
-set style fill solid 0.8 border -1
-set ylabel "transactions per second"
-set yrange [0:*]
-set key top right
-set grid ytics
-plot "$work/off.dat" using 2:xtic(1) title "synchronous_commit = off", \
-     "$work/on.dat" using 2 title "synchronous_commit = on"
-GNUPLOT
-fi
+# The charts, from the results files (this one and the others committed).
+test/bench/charts.sh
 cat "$report"

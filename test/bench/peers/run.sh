@@ -31,7 +31,8 @@
 # of every process of the cluster from /proc), client CPU per request (the Node.js
 # process), WAL bytes per request (pg_current_wal_insert_lsn), p50 and p99 latency;
 # for duplicates the payments per key and how long a duplicate waits.
-# Prints Markdown tables and writes them to test/bench/peers/results-pgNN.md.
+# Prints Markdown tables and writes them to test/bench/peers/results-pgNN.md, then
+# draws test/bench/peers/peers.svg from the results files (test/bench/charts.sh).
 # docs/performance-peers.md says what each contender does and the caveats.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -47,7 +48,7 @@ work=$(mktemp -d /tmp/idempotency-peers.XXXXXX)
 chmod 755 "$work"
 trap 'stop_cluster "$work/cluster"; rm -rf "$work"; make -s clean PG_CONFIG="$PG_CONFIG" >/dev/null' EXIT
 
-REQUIRED_PACKAGES=(postgresql-15 postgresql-server-dev-15 libssl-dev g++ make nodejs)  # npm comes with nodejs
+REQUIRED_PACKAGES=(postgresql-15 postgresql-server-dev-15 libssl-dev g++ make nodejs gnuplot-nox)  # npm comes with nodejs
 ensure_packages
 if [ "$PG_VERSION" != 15 ]; then
   PG_BIN=$(pg_prefix "$PG_VERSION")/bin
@@ -68,3 +69,4 @@ psql_ -d postgres -c "CREATE DATABASE bench" -c "CREATE ROLE observer SUPERUSER 
 psql_ -d bench -c "CREATE EXTENSION pg_stat_statements" -f "$here/setup.sql"
 
 PGPORT=$port PGDATA="$work/cluster/data" RESULTS="$here/results-pg$PG_VERSION.md" node "$here/bench.js"
+test/bench/charts.sh  # the charts, from the results files (this one and the others committed)
