@@ -19,7 +19,9 @@ RESET client_min_messages;
 -- CREATE EXTENSION ... SCHEMA app
 \c regress_idem_schema_chosen
 CREATE SCHEMA app;
+SET client_min_messages = warning;  -- no install notice on a server without the preload
 CREATE EXTENSION idempotency SCHEMA app;
+RESET client_min_messages;
 SELECT n.nspname AS key_type_schema FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
 WHERE t.typname = 'idem_key';
 -- A new session whose search_path does not have the schema: names written out.
@@ -37,7 +39,9 @@ COMMIT;
 \c regress_idem_schema_path
 CREATE SCHEMA app2;
 SET search_path = app2, public;
+SET client_min_messages = warning;  -- no install notice on a server without the preload
 CREATE EXTENSION idempotency;
+RESET client_min_messages;
 SELECT n.nspname AS key_type_schema FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
 WHERE t.typname = 'idem_key';
 -- A new session whose search_path does not have the schema: names written out.
@@ -53,7 +57,9 @@ COMMIT;
 
 -- public
 \c regress_idem_schema_public
+SET client_min_messages = warning;  -- no install notice on a server without the preload
 CREATE EXTENSION idempotency SCHEMA public;
+RESET client_min_messages;
 SELECT n.nspname AS key_type_schema FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace
 WHERE t.typname = 'idem_key';
 -- A new session whose search_path does not have the schema: names written out.
