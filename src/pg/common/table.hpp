@@ -1,9 +1,9 @@
 // Direct access to the messaging tables (idempotency.outbox, outbox_aggregates,
 // applied_versions): rows read through an index with a given snapshot, locked
 // (without queueing, or waiting in the queue for their holder), inserted, updated and
-// deleted with their index entries. No SPI,
-// no planning. It reads and writes what it is told: the rules are in
-// src/core/outbox.hpp, asked by the api_* files and the reaper.
+// deleted with their index entries. No SPI, no planning. It reads and writes what it
+// is told: the rules are in src/core/outbox.hpp, asked by the api_* files and the
+// reaper.
 #pragma once
 
 #include <type_traits>
