@@ -7,6 +7,7 @@
 extern "C" {
 #include "access/heapam.h"
 #include "access/htup_details.h"
+#include "access/multixact.h"
 #include "access/table.h"
 #include "access/xact.h"
 #include "catalog/dependency.h"
@@ -15,6 +16,7 @@ extern "C" {
 #include "executor/executor.h"
 #include "miscadmin.h"
 #include "storage/bufmgr.h"
+#include "storage/procarray.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
 #include "utils/snapmgr.h"
@@ -179,10 +181,11 @@ Datum column(Table* table, int attnum, bool* isnull) {
   return slot_getattr(table->slot, attnum, isnull);
 }
 
-Lock table_lock(Table* table, ItemPointer tid) {
+// Locks the newest version of the row at `target` without waiting; `target` becomes
+// the version reached (when busy, the one another transaction holds).
+static Lock lock_version(Table* table, ItemPointer target) {
   TM_FailureData failure;
-  ItemPointerData target = *tid;
-  TM_Result result = table_tuple_lock(table->heap, &target, GetLatestSnapshot(), table->slot,
+  TM_Result result = table_tuple_lock(table->heap, target, GetLatestSnapshot(), table->slot,
                                       GetCurrentCommandId(false), LockTupleExclusive, LockWaitSkip,
                                       TUPLE_LOCK_FLAG_FIND_LAST_VERSION, &failure);
   switch (result) {
@@ -193,12 +196,45 @@ Lock table_lock(Table* table, ItemPointer tid) {
   }
 }
 
+Lock table_lock(Table* table, ItemPointer tid) {
+  ItemPointerData target = *tid;
+  return lock_version(table, &target);
+}
+
 Lock table_lock_waiting(Table* table, ItemPointer tid, TimestampTz deadline) {
-  long sleep_us = 50;
   for (;;) {
-    Lock lock = table_lock(table, tid);
-    if (lock != Lock::kBusy || !sleep_before_retry(&sleep_us, deadline)) return lock;
+    ItemPointerData target = *tid;
+    Lock lock = lock_version(table, &target);
+    if (lock != Lock::kBusy || !wait_for_writer(table_holder(table, &target), deadline))
+      return lock;
   }
+}
+
+// Read from the version's xmax, as heap_lock_tuple reads it before it waits: the
+// updater or locker, or a member of a multixact of several, still running.
+TransactionId table_holder(Table* table, ItemPointer tid) {
+  HeapTupleData tuple;
+  tuple.t_self = *tid;
+  Buffer buffer;
+  if (!heap_fetch(table->heap, SnapshotAny, &tuple, &buffer, false)) return InvalidTransactionId;
+  LockBuffer(buffer, BUFFER_LOCK_SHARE);
+  uint16 infomask = tuple.t_data->t_infomask;
+  TransactionId xmax = HeapTupleHeaderGetRawXmax(tuple.t_data);
+  LockBuffer(buffer, BUFFER_LOCK_UNLOCK);
+  ReleaseBuffer(buffer);
+  auto other_running = [](TransactionId xid) {
+    return TransactionIdIsValid(xid) && !TransactionIdIsCurrentTransactionId(xid) &&
+           TransactionIdIsInProgress(xid);
+  };
+  if (infomask & HEAP_XMAX_INVALID) return InvalidTransactionId;
+  if (!(infomask & HEAP_XMAX_IS_MULTI)) return other_running(xmax) ? xmax : InvalidTransactionId;
+  MultiXactMember* members = nullptr;
+  int count = GetMultiXactIdMembers(xmax, &members, false, HEAP_XMAX_IS_LOCKED_ONLY(infomask));
+  TransactionId holder = InvalidTransactionId;
+  for (int i = 0; i < count && !TransactionIdIsValid(holder); i++)
+    if (other_running(members[i].xid)) holder = members[i].xid;
+  if (members != nullptr) pfree(members);
+  return holder;
 }
 
 static TupleTableSlot* row_in_slot(Table* table, const Datum* values, const bool* nulls) {

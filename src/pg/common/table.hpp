@@ -1,8 +1,9 @@
 // Direct access to the messaging tables (idempotency.outbox, outbox_aggregates,
 // applied_versions): rows read through an index with a given snapshot, locked
-// without queueing, inserted, updated and deleted with their index entries. No SPI,
-// no planning. It reads and writes what it is told: the rules are in
-// src/core/outbox.hpp, asked by the api_* files and the reaper.
+// (without queueing, or waiting in the queue for their holder), inserted, updated and
+// deleted with their index entries. No SPI, no planning. It reads and writes what it
+// is told: the rules are in src/core/outbox.hpp, asked by the api_* files and the
+// reaper.
 #pragma once
 
 #include <type_traits>
@@ -95,8 +96,12 @@ enum class Lock {
 };
 // Locks the row's newest version for update without waiting.
 Lock table_lock(Table* table, ItemPointer tid);
-// The same, polling until `deadline` while it is busy.
+// The same, while it is busy waiting in the queue for the transaction that holds it
+// (waits.hpp: the deadlock detector sees it) until `deadline`, then kBusy.
 Lock table_lock_waiting(Table* table, ItemPointer tid, TimestampTz deadline);
+// The other transaction in progress that writes or locks the version at `tid`, to
+// wait for (waits.hpp's wait_for_writer); invalid if none does any more.
+TransactionId table_holder(Table* table, ItemPointer tid);
 
 // Writes with index entries. A unique violation (a row made by hand outside the
 // functions) raises 23505.

@@ -35,15 +35,21 @@ bool sleep_before_retry(long* sleep_us, TimestampTz deadline) {
 
 namespace {
 
-// What to wait for in the queue: a transaction's end, or an identity lock.
+// What to wait for in the queue: a transaction's end, or a lock.
 struct QueuedWait {
   TransactionId writer;  // valid: wait for it to end
-  const LOCKTAG* tag;    // else take this lock for the top-level transaction
+  const LOCKTAG* tag;    // else this lock:
+  bool keep;             // taken for the top-level transaction, or let go at once
 };
 
 void wait_now(const QueuedWait& wait) {
   if (TransactionIdIsValid(wait.writer)) {
     XactLockTableWait(wait.writer, nullptr, nullptr, XLTW_None);
+    return;
+  }
+  if (!wait.keep) {  // the subtransaction's owner takes it and lets it go
+    (void)LockAcquire(wait.tag, ExclusiveLock, false, false);
+    LockRelease(wait.tag, ExclusiveLock, false);
     return;
   }
   CurrentResourceOwner = TopTransactionResourceOwner;  // the caller's owner is restored after
@@ -99,7 +105,7 @@ bool wait_for_writer(TransactionId writer, TimestampTz deadline) {
     return sleep_before_retry(&sleep_us, deadline);
   }
   if (compat::conditional_xact_lock_wait(writer)) return true;
-  return wait_in_queue(QueuedWait{writer, nullptr}, deadline);
+  return wait_in_queue(QueuedWait{writer, nullptr, false}, deadline);
 }
 
 bool lock_waiting(const LOCKTAG& tag, TimestampTz deadline) {
@@ -107,7 +113,11 @@ bool lock_waiting(const LOCKTAG& tag, TimestampTz deadline) {
   CurrentResourceOwner = TopTransactionResourceOwner;
   bool taken = LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
   CurrentResourceOwner = caller_owner;
-  return taken || wait_in_queue(QueuedWait{InvalidTransactionId, &tag}, deadline);
+  return taken || wait_in_queue(QueuedWait{InvalidTransactionId, &tag, true}, deadline);
+}
+
+bool wait_until_free(const LOCKTAG& tag, TimestampTz deadline) {
+  return wait_in_queue(QueuedWait{InvalidTransactionId, &tag, false}, deadline);
 }
 
 }  // namespace idempotency

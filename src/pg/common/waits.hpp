@@ -23,8 +23,13 @@ bool wait_for_writer(TransactionId writer, TimestampTz deadline);
 // until the deadline (false if it passes).
 bool lock_waiting(const LOCKTAG& tag, TimestampTz deadline);
 
+// Waits in the queue until `tag` could be taken in ExclusiveLock (true) or the
+// deadline passes (false); takes nothing: the caller tries again without queueing.
+bool wait_until_free(const LOCKTAG& tag, TimestampTz deadline);
+
 // One sleep of a polled wait, backing off; false once `deadline` has passed. For waits
-// no transaction could be part of a cycle through (a row only the reaper holds).
+// no transaction could be part of a cycle through (say a row still busy with no other
+// transaction in progress to wait for: its holder just ended, or it is this one's).
 bool sleep_before_retry(long* sleep_us, TimestampTz deadline);
 
 }  // namespace idempotency

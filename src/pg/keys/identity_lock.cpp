@@ -108,10 +108,11 @@ LOCKTAG messaging_lock(MessagingLock kind, std::initializer_list<std::string_vie
   return tag;
 }
 
+// Taken by the call's owner, so that an error's abort of its subtransaction lets it
+// go; the queued wait takes nothing, and the lock is tried again once free.
 bool lock_briefly(const LOCKTAG& tag, TimestampTz deadline) {
-  long sleep_us = 50;
   while (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
-    if (!sleep_before_retry(&sleep_us, deadline)) return false;
+    if (!wait_until_free(tag, deadline)) return false;
   return true;
 }
 

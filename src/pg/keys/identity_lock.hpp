@@ -40,8 +40,9 @@ void unlock_identity(const IdentityLock& lock);
 enum class MessagingLock : uint16 { kAggregate = 4, kEventId = 5, kAppliedEntity = 6 };
 LOCKTAG messaging_lock(MessagingLock kind, std::initializer_list<std::string_view> parts,
                        const LockSecret& secret);
-// Taken without queueing, polled until `deadline` (false if it passes); released by
-// the call that took it, or by an error's abort.
+// Waited for in the queue until `deadline` (false if it passes; see waits.hpp), for
+// the call, which releases it (or an error's abort does). A holder never waits for
+// another transaction while it holds one (only, briefly, for a second such lock).
 bool lock_briefly(const LOCKTAG& tag, TimestampTz deadline);
 void unlock_briefly(const LOCKTAG& tag);
 

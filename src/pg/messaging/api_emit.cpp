@@ -38,8 +38,11 @@ static std::string_view bytes_of(const void* value) {
 
 // The aggregate's next seq, counted in outbox_aggregates: the counter's row, written
 // here, makes the next emitter for the aggregate wait until this transaction ends.
-static int64 take_seq(const MessagingOids& oids, text* topic, text* aggregate,
-                      const LockSecret& secret, TimestampTz deadline) {
+// With `holder`, nothing waits for another transaction holding the counter: then no
+// seq, and *holder is that transaction.
+static std::optional<int64> take_seq(const MessagingOids& oids, text* topic, text* aggregate,
+                                     const LockSecret& secret, TimestampTz deadline,
+                                     TransactionId* holder = nullptr) {
   Table counters;
   open_table(&counters, oids.aggregates, true);
   ScanKeyData keys[2];
@@ -52,7 +55,8 @@ static int64 take_seq(const MessagingOids& oids, text* topic, text* aggregate,
   bool nulls[aggregate_column::kCount] = {};
   LOCKTAG lock =
       messaging_lock(MessagingLock::kAggregate, {bytes_of(topic), bytes_of(aggregate)}, secret);
-  KeyedLoop loop(&counters, oids.aggregates_pkey, keys, 2, lock, deadline);
+  KeyedLoop loop(&counters, oids.aggregates_pkey, keys, 2, lock, deadline,
+                 holder != nullptr ? KeyedLoop::kReturnBusy : KeyedLoop::kWait);
   bool found;
   while (loop.next(&found)) {
     std::optional<int64> last;
@@ -64,6 +68,10 @@ static int64 take_seq(const MessagingOids& oids, text* topic, text* aggregate,
   }
   if (loop.timed_out()) raise_emit_in_progress("aggregate");
   close_table(&counters);
+  if (loop.busy()) {
+    *holder = loop.holder();
+    return std::nullopt;
+  }
   return seq;
 }
 
@@ -90,9 +98,7 @@ static Datum emit(FunctionCallInfo fcinfo) {
   Datum values[col::kCount] = {};
   bool nulls[col::kCount] = {};
   // The event's row, once it is known that no event has its id.
-  auto event_row = [&] {
-    std::optional<int64> seq;
-    if (aggregate != nullptr) seq = take_seq(oids, topic, aggregate, secret, deadline);
+  auto event_row = [&](std::optional<int64> seq) {
     values[col::kEventId - 1] = PointerGetDatum(event_id);
     // After the seq: an aggregate's events take positions in seq order.
     values[col::kPosition - 1] = Int64GetDatum(nextval_internal(oids.position, false));
@@ -114,7 +120,9 @@ static Datum emit(FunctionCallInfo fcinfo) {
   Table outbox;
   open_table(&outbox, oids.outbox, true);
   if (!given_id) {
-    KeyedWrite row = event_row();
+    std::optional<int64> seq;
+    if (aggregate != nullptr) seq = take_seq(oids, topic, aggregate, secret, deadline);
+    KeyedWrite row = event_row(seq);
     table_insert(&outbox, row.values, row.nulls);
   } else {
     // At most one event per id: an event stored under it (in any state) is the one.
@@ -123,7 +131,19 @@ static Datum emit(FunctionCallInfo fcinfo) {
     LOCKTAG lock = messaging_lock(MessagingLock::kEventId, {bytes_of(event_id)}, secret);
     KeyedLoop loop(&outbox, oids.outbox_pkey, &key, 1, lock, deadline);
     bool found;
-    while (loop.next(&found)) loop.apply(found ? KeyedWrite{} : event_row());
+    while (loop.next(&found)) {
+      std::optional<int64> seq;
+      TransactionId holder = InvalidTransactionId;
+      if (!found && aggregate != nullptr &&
+          !(seq = take_seq(oids, topic, aggregate, secret, deadline, &holder))) {
+        // The aggregate's holder is waited for without the id's lock (it may be about
+        // to emit this id), then the id is looked at again.
+        loop.wait_for(holder);
+        if (loop.timed_out()) raise_emit_in_progress("aggregate");
+        continue;
+      }
+      loop.apply(found ? KeyedWrite{} : event_row(seq));
+    }
     if (loop.timed_out()) raise_emit_in_progress("event id");
   }
   close_table(&outbox);

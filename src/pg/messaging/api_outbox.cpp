@@ -1,7 +1,9 @@
 // The relay's functions: idem_outbox_claim, _ack, _dead, _retry and _dead_letters.
 // They read and write idempotency.outbox directly; the rules (which event is ready,
-// the per-aggregate gate, which ack counts) are src/core/outbox.hpp's. Rows are
-// locked without queueing: a relay never waits for another relay's batch.
+// the per-aggregate gate, which ack counts) are src/core/outbox.hpp's. A claim locks
+// rows without queueing: a relay never waits for another relay's batch. Ack, dead and
+// retry wait for an event another transaction is writing, in the lock queue (the
+// deadlock detector sees them), until idempotency.wait_timeout.
 #include <optional>
 
 #include "core/outbox.hpp"
@@ -206,8 +208,8 @@ struct Settlement {
 
 // Settles the event version in the table's slot: written as read if it still is the
 // newest and no one else holds it, else decided again on its newest version, locked
-// (waiting until the deadline; an event that stays busy is left alone, and a relay
-// will have it again). True if it was changed.
+// (waiting in the queue for its holder until the deadline; an event that stays busy
+// is left alone, and a relay will have it again). True if it was changed.
 static bool settle(Table* outbox, const Settlement& how, NextEvent next) {
   std::optional<OutboxEvent> event = next(read_event(outbox, how.relay));
   if (!event) return false;
