@@ -1,0 +1,101 @@
+# Every SQL example of README.md and docs/ runs as pasted: each document's ```sql
+# blocks, in the order they appear, as a superuser with psql (as a reader would paste
+# them), on a fresh cluster with the library preloaded. README.md runs first, in a new
+# database (its Install section creates the extension); every page of docs/ then runs
+# in a copy of what README.md left (the extension, Getting started's table and
+# procedure), as a reader who followed the README would.
+#
+#   - A statement may fail only where its line says so: the line psql names in the
+#     error must contain "ERROR" (as in `CALL ...;  -- ERROR IK001: ...`), and an
+#     expected error must happen (a line saying ERROR that runs cleanly fails too).
+#   - A block is left out when the line before its fence is `<!-- fragment -->` (a
+#     part of a statement, or a shape with placeholders); documents that need what one
+#     node cannot have (Citus) are left out whole, below, each with its reason.
+#
+# One assertion per block, named by its document and line.
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+# Documents whose examples need more than one PostgreSQL node; test/t/017_citus.pl
+# runs the same calls on a real Citus cluster.
+my %not_here = (
+	'docs/citus.md' => 'needs a Citus cluster (017_citus.pl)',
+	'docs/design-citus.md' => 'a design note: needs a Citus cluster',
+);
+
+my @documents = ('README.md', sort glob('docs/*.md'));
+
+my $node = PostgreSQL::Test::Cluster->new('docs');
+$node->init;
+$node->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'\n");
+$node->start;
+
+# The ```sql blocks of a document: [line of the fence, text], fragments left out.
+sub sql_blocks {
+	my ($path) = @_;
+	my @lines = split /\n/, slurp_file($path), -1;
+	my (@blocks, $start, @body);
+	for my $i (0 .. $#lines) {
+		if (!defined $start) {
+			next unless $lines[$i] =~ /^```sql\s*$/;
+			my $previous = $i > 0 ? $lines[ $i - 1 ] : '';
+			$start = $i + 1;
+			$start = -$start if $previous =~ /^<!--\s*fragment\b/;
+			@body = ();
+		}
+		elsif ($lines[$i] =~ /^```\s*$/) {
+			push @blocks, [ $start, join("\n", @body) . "\n" ] if $start > 0;
+			undef $start;
+		}
+		else {
+			push @body, $lines[$i];
+		}
+	}
+	return @blocks;
+}
+
+my $database = 0;
+for my $document (@documents) {
+	if ($not_here{$document}) {
+		note("$document: not run here: $not_here{$document}");
+		next;
+	}
+	my @blocks = sql_blocks($document);
+	next unless @blocks;
+	my $dbname = 'docs_' . ++$database;
+	my $template = $database == 1 ? '' : ' TEMPLATE docs_1';
+	$node->safe_psql('postgres', "CREATE DATABASE $dbname$template");
+	for my $block (@blocks) {
+		my ($line, $sql) = @$block;
+		my $file = "$PostgreSQL::Test::Utils::tmp_check/block_${database}_$line.sql";
+		open my $fh, '>', $file or die "$file: $!";
+		print $fh $sql;
+		close $fh;
+		my ($stdout, $stderr);
+		$node->psql($dbname, undef, extra_params => [ '-f', $file ],
+			stdout => \$stdout, stderr => \$stderr);
+		my @sql_lines = split /\n/, $sql;
+		# psql names the line of the statement's end: "psql:FILE:LINE: ERROR:  ..."
+		my %failed;
+		while ($stderr =~ /^psql:[^:]+:(\d+): ERROR:\s+(.*)$/mg) {
+			$failed{$1} = $2;
+		}
+		my @wrong;
+		for my $n (sort { $a <=> $b } keys %failed) {
+			push @wrong, "line " . ($line + $n) . ": unexpected ERROR: $failed{$n}"
+			  unless ($sql_lines[ $n - 1 ] // '') =~ /ERROR/;
+		}
+		for my $n (1 .. @sql_lines) {
+			next unless $sql_lines[ $n - 1 ] =~ /--.*\bERROR\b/;
+			push @wrong, "line " . ($line + $n) . ": says ERROR but ran cleanly"
+			  unless $failed{$n};
+		}
+		ok(!@wrong, "$document, the block at line $line runs as pasted")
+		  or diag(join("\n", @wrong) . "\nstderr:\n$stderr");
+	}
+}
+
+done_testing();
