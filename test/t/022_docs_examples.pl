@@ -11,13 +11,70 @@
 #   - A block is left out when the line before its fence is `<!-- fragment -->` (a
 #     part of a statement, or a shape with placeholders); documents that need what one
 #     node cannot have (Citus) are left out whole, below, each with its reason.
+#   - Roles are the cluster's, not a database's: the roles a page of docs/ creates are
+#     dropped after it, so that each page starts with the roles README.md left.
 #
-# One assertion per block, named by its document and line.
+# One assertion per block, named by its document and line. First, every link of
+# README.md, CONTRIBUTING.md and docs/ resolves: a relative link names a file or
+# directory of the repository, and its #anchor a heading (GitHub's slug) of that file.
 use strict;
 use warnings;
+use utf8;
+use Encode qw(decode);
+use File::Basename qw(dirname);
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+
+# GitHub's anchor of a heading: lower case, punctuation dropped (but - and _), spaces
+# to -; a repeated heading gets -1, -2, ...
+sub anchors {
+	my ($path) = @_;
+	my (%anchors, %seen, $fence);
+	for my $line (split /\n/, decode('UTF-8', slurp_file($path))) {
+		$fence = !$fence if $line =~ /^\s*```/;
+		next if $fence;
+		$anchors{$1} = 1 while $line =~ /<a\s+(?:name|id)="([^"]+)"/g;
+		next unless $line =~ /^#{1,6}\s+(.*?)\s*#*\s*$/;
+		my $slug = lc $1;
+		$slug =~ s/\[([^\]]*)\]\([^)]*\)/$1/g;    # a link's text
+		$slug =~ s/[^\w\- ]//g;
+		$slug =~ s/ /-/g;
+		my $n = $seen{$slug}++;
+		$anchors{ $n ? "$slug-$n" : $slug } = 1;
+	}
+	return \%anchors;
+}
+
+my %anchors_of;
+for my $document ('README.md', 'CONTRIBUTING.md', sort glob('docs/*.md')) {
+	my (@broken, $fence);
+	my $n = 0;
+	for my $line (split /\n/, decode('UTF-8', slurp_file($document))) {
+		$n++;
+		$fence = !$fence if $line =~ /^\s*```/;
+		next if $fence;
+		(my $text = $line) =~ s/`[^`]*`//g;    # code spans are not links
+		while ($text =~ /\]\(([^)\s]+)\)/g) {
+			my $target = $1;
+			next if $target =~ m{^[a-z]+:}i;     # https:, mailto:
+			my ($file, $anchor) = split /#/, $target, 2;
+			my $path =
+			  $file eq '' ? $document : dirname($document) . "/$file";
+			$path =~ s{^\./}{};
+			1 while $path =~ s{[^/]+/\.\./}{};
+			if (!-e $path) {
+				push @broken, "line $n: $target: no file $path";
+				next;
+			}
+			next unless defined $anchor && $path =~ /\.md$/;
+			$anchors_of{$path} //= anchors($path);
+			push @broken, "line $n: $target: no heading #$anchor in $path"
+			  unless $anchors_of{$path}{$anchor};
+		}
+	}
+	ok(!@broken, "$document: every link resolves") or diag(join("\n", @broken));
+}
 
 # Documents whose examples need more than one PostgreSQL node; test/t/017_citus.pl
 # runs the same calls on a real Citus cluster.
@@ -68,6 +125,8 @@ for my $document (@documents) {
 	my $dbname = 'docs_' . ++$database;
 	my $template = $database == 1 ? '' : ' TEMPLATE docs_1';
 	$node->safe_psql('postgres', "CREATE DATABASE $dbname$template");
+	my $roles_before = $node->safe_psql('postgres',
+		"SELECT string_agg(quote_literal(rolname), ',') FROM pg_roles");
 	for my $block (@blocks) {
 		my ($line, $sql) = @$block;
 		my $file = "$PostgreSQL::Test::Utils::tmp_check/block_${database}_$line.sql";
@@ -76,7 +135,7 @@ for my $document (@documents) {
 		close $fh;
 		my ($stdout, $stderr);
 		$node->psql($dbname, undef, extra_params => [ '-f', $file ],
-			stdout => \$stdout, stderr => \$stderr);
+			stdout => \$stdout, stderr => \$stderr, on_error_stop => 0);
 		my @sql_lines = split /\n/, $sql;
 		# psql names the line of the statement's end: "psql:FILE:LINE: ERROR:  ..."
 		my %failed;
@@ -96,6 +155,11 @@ for my $document (@documents) {
 		ok(!@wrong, "$document, the block at line $line runs as pasted")
 		  or diag(join("\n", @wrong) . "\nstderr:\n$stderr");
 	}
+	next if $database == 1;    # README.md's database and roles stay for the rest
+	$node->safe_psql('postgres', "DROP DATABASE $dbname WITH (FORCE)");
+	my $new_roles = $node->safe_psql('postgres',
+		"SELECT string_agg(quote_ident(rolname), ', ') FROM pg_roles WHERE rolname NOT IN ($roles_before)");
+	$node->safe_psql('postgres', "DROP ROLE $new_roles") if $new_roles ne '';
 }
 
 done_testing();
