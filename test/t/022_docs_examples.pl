@@ -90,25 +90,28 @@ $node->init;
 $node->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'\n");
 $node->start;
 
-# The ```sql blocks of a document: [line of the fence, text], fragments left out.
+# The ```sql blocks of a document (also indented, in a list item): [line of the fence,
+# text], fragments left out.
 sub sql_blocks {
 	my ($path) = @_;
 	my @lines = split /\n/, slurp_file($path), -1;
-	my (@blocks, $start, @body);
+	my (@blocks, $start, $indent, @body);
 	for my $i (0 .. $#lines) {
 		if (!defined $start) {
-			next unless $lines[$i] =~ /^```sql\s*$/;
+			next unless $lines[$i] =~ /^(\s*)```sql\s*$/;
+			$indent = $1;
 			my $previous = $i > 0 ? $lines[ $i - 1 ] : '';
 			$start = $i + 1;
-			$start = -$start if $previous =~ /^<!--\s*fragment\b/;
+			$start = -$start if $previous =~ /^\s*<!--\s*fragment\b/;
 			@body = ();
 		}
-		elsif ($lines[$i] =~ /^```\s*$/) {
+		elsif ($lines[$i] =~ /^\s*```\s*$/) {
 			push @blocks, [ $start, join("\n", @body) . "\n" ] if $start > 0;
 			undef $start;
 		}
 		else {
-			push @body, $lines[$i];
+			(my $line = $lines[$i]) =~ s/^\Q$indent\E//;
+			push @body, $line;
 		}
 	}
 	return @blocks;
