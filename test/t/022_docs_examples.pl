@@ -6,8 +6,9 @@
 # procedure), as a reader who followed the README would.
 #
 #   - A statement may fail only where its line says so: the line psql names in the
-#     error must contain "ERROR" (as in `CALL ...;  -- ERROR IK001: ...`), and an
-#     expected error must happen (a line saying ERROR that runs cleanly fails too).
+#     error must contain "ERROR" (as in `CALL ...;  -- ERROR IK001: ...`), with the
+#     SQLSTATE it names if it names one, and an expected error must happen (a line
+#     saying ERROR that runs cleanly fails too).
 #   - A block is left out when the line before its fence is `<!-- fragment -->` (a
 #     part of a statement, or a shape with placeholders); documents that need what one
 #     node cannot have (Citus) are left out whole, below, each with its reason.
@@ -137,7 +138,8 @@ for my $document (@documents) {
 		print $fh $sql;
 		close $fh;
 		my ($stdout, $stderr);
-		$node->psql($dbname, undef, extra_params => [ '-f', $file ],
+		$node->psql($dbname, undef,
+			extra_params => [ '-v', 'VERBOSITY=verbose', '-f', $file ],
 			stdout => \$stdout, stderr => \$stderr, on_error_stop => 0);
 		my @sql_lines = split /\n/, $sql;
 		# psql names the line of the statement's end: "psql:FILE:LINE: ERROR:  ..."
@@ -147,8 +149,12 @@ for my $document (@documents) {
 		}
 		my @wrong;
 		for my $n (sort { $a <=> $b } keys %failed) {
+			my $says = $sql_lines[ $n - 1 ] // '';
 			push @wrong, "line " . ($line + $n) . ": unexpected ERROR: $failed{$n}"
-			  unless ($sql_lines[ $n - 1 ] // '') =~ /ERROR/;
+			  unless $says =~ /ERROR/;
+			# "-- ERROR IK001: ..." names the SQLSTATE (psql's verbose errors begin with it)
+			push @wrong, "line " . ($line + $n) . ": expected $1, got ERROR: $failed{$n}"
+			  if $says =~ /--.*\bERROR:?\s+([0-9A-Z]{5})\b/ && $failed{$n} !~ /^$1:/;
 		}
 		for my $n (1 .. @sql_lines) {
 			next unless $sql_lines[ $n - 1 ] =~ /--.*\bERROR\b/;
