@@ -3,9 +3,9 @@
 # what it needs, builds and installs the extension, starts a throwaway PostgreSQL 15
 # cluster (as the postgres OS user, on 127.0.0.1 only) that preloads it, and shows,
 # with real psql calls:
-#   part 1, the contract's create_payment procedure: a payment, its retry replayed, the
-#           same key with another amount refused (IK001), a rolled-back attempt that
-#           leaves the key free;
+#   part 1, the README's create_payment procedure (Getting started): a payment, its
+#           retry replayed, the same key with another amount refused (IK001), a
+#           rolled-back attempt that leaves the key free;
 #   part 2, a lease claim around an outside call whose holder dies after the call:
 #           the background worker marks it abandoned and a retry resumes it.
 # Every result is also checked: the demo stops with "!! unexpected" if one is wrong.
@@ -82,7 +82,7 @@ echo "runs on 127.0.0.1:$port (it is removed when the demo ends)."
 
 sql -c 'CREATE EXTENSION idempotency'
 sql -f examples/create_payment.sql
-echo "In its database: CREATE EXTENSION idempotency, a payments table and the contract's"
+echo "In its database: CREATE EXTENSION idempotency, a payments table and the README's"
 echo "create_payment procedure (examples/create_payment.sql):"
 sed -n '/^CREATE PROCEDURE/,/^END/p' examples/create_payment.sql | sed 's/^/    /'
 

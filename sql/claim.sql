@@ -3,7 +3,7 @@ SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency;
 RESET client_min_messages;
 
--- The contract's stored procedure, from the file the README and the demo use.
+-- The README's stored procedure (Getting started), from the file the README and the demo use.
 \i examples/create_payment.sql
 
 -- First call pays; the retry replays the same response and pays nothing.

@@ -1,8 +1,8 @@
--- The procedure behind examples/http/payments_service.py: the contract's create_payment
--- (examples/create_payment.sql), except that it stores the whole HTTP response (status,
--- Location, body), so that a retry gets the same status and headers, and that it returns
--- the claim's outcome, the key's expiry and the time to wait, so that the service needs
--- no second query and no error message to parse.
+-- The procedure behind examples/http/payments_service.py: the README's create_payment
+-- (Getting started; examples/create_payment.sql), except that it stores the whole HTTP
+-- response (status, Location, body), so that a retry gets the same status and headers,
+-- and that it returns the claim's outcome, the key's expiry and the time to wait, so
+-- that the service needs no second query and no error message to parse.
 CREATE TABLE IF NOT EXISTS payments (id bigserial PRIMARY KEY, account bigint, amount numeric);
 
 CREATE PROCEDURE http_create_payment(p_key idem_key, p_account bigint, p_amount numeric,
