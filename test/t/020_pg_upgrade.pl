@@ -5,7 +5,8 @@
 # lease that runs out, outbox events delivered, pending, leased and dead, applied
 # versions, and a second database still at extension version 1.0; stopped, checked and
 # upgraded (--link) into a new cluster of the PostgreSQL under test with checksums and
-# the preload. Then every key replays (for its own role only), the held lease is still
+# the preload. Every row is as it was (no worker may run while pg_upgrade has a
+# server), every key replays (for its own role only), the held lease is still
 # held and its holder finishes, the lapsed one is marked abandoned by the new cluster's
 # worker and taken over with its checkpoint, the events are relayed in order, the
 # applied versions hold, ALTER EXTENSION idempotency UPDATE takes the 1.0 database to
@@ -163,7 +164,17 @@ my @pg_upgrade = (
 	'-s', $new->host, '-p', $old->port, '-P', $new->port);
 command_like([ @pg_upgrade, '--check' ], qr/Clusters are compatible/,
 	'pg_upgrade --check finds the clusters compatible');
-command_ok([ @pg_upgrade, '--link' ], 'pg_upgrade --link');
+my $upgraded = run_log([ @pg_upgrade, '--link' ]);
+ok($upgraded, 'pg_upgrade --link');
+if (!$upgraded) {
+	# Its logs stay in the new data directory; their errors say why.
+	for my $log (glob($new->data_dir . '/pg_upgrade_output.d/*/log/*.log')) {
+		my @errors = grep { /\b(?:ERROR|FATAL):/ } split /\n/, slurp_file($log);
+		diag("$log:\n" . join("\n", @errors[ 0 .. ($#errors < 4 ? $#errors : 4) ])) if @errors;
+	}
+	done_testing();
+	exit;
+}
 # pg_upgrade ran the new cluster with the worker's passes on (three times: to check it,
 # to restore the schema, and after moving the files). The first start of our own has
 # them off, so that the rows are seen as pg_upgrade left them.
