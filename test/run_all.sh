@@ -29,7 +29,10 @@
 #      PostgreSQL a Citus (installed there, or built once from CITUS_TARBALL or
 #      CITUS_SOURCE_DIR/citus-*.tar.gz or its cache); otherwise a line
 #      "not run: 017_citus.pl (why)" says so, and it counts neither as passed nor as
-#      failed (a Citus that fails to build counts as failed).
+#      failed (a Citus that fails to build counts as failed). The pg_upgrade test
+#      (test/t/024_pg_upgrade.pl) upgrades from the last version 17 or later that this
+#      run installed the extension into before (17 to 18, 18 to 19); where there is
+#      none (15, 17 first, a version tested alone), "not run: 024_pg_upgrade.pl (why)".
 #
 # It ends with exactly one line "N passed, N failed", counting ctest tests, fuzz
 # targets, pg_regress and isolation tests, and TAP assertions (a TODO assertion that
@@ -492,6 +495,7 @@ installcheck() {
   shift 2
   (cd "${check_dir:-$work/src}" &&
    runuser -u postgres -- env IDEM_OLD_INSTALL="${IDEM_OLD_INSTALL:-}" IDEM_CITUS="${IDEM_CITUS:-}" \
+     IDEM_UPGRADE_FROM="${IDEM_UPGRADE_FROM:-}" \
      timeout -k 30 "$limit" \
      make -s --no-print-directory installcheck PG_CONFIG="$PG_CONFIG" "$@") \
     2>&1 | tee "$log"
@@ -687,6 +691,22 @@ citus_decision() {
   fi
 }
 
+# upgrade_decision VERSION: whether test/t/024_pg_upgrade.pl has an older PostgreSQL
+# to upgrade from: the last version 17 or later that this run installed the extension
+# into (test_version sets it); otherwise a "not run" line.
+upgrade_from_version=""
+upgrade_from_prefix=""
+upgrade_decision() {
+  local version=$1 reason
+  if [ -n "$upgrade_from_prefix" ]; then
+    echo "024_pg_upgrade.pl upgrades from PostgreSQL $upgrade_from_version ($upgrade_from_prefix)"
+    return
+  fi
+  reason="no PostgreSQL 17 or later tested before $version in this run to upgrade from"
+  echo "not run: 024_pg_upgrade.pl ($reason)"
+  not_run_lines+=("PostgreSQL $version: not run: 024_pg_upgrade.pl ($reason)")
+}
+
 # test_version VERSION: builds the extension against that PostgreSQL, installs it
 # there, and runs pg_regress, the isolation specs and the TAP tests; prints the
 # version's own line. 15 is Debian's; 17, 18 and 19 are built from Debian's source
@@ -730,8 +750,15 @@ test_version() {
     fi
     if selected tap sql; then
       citus_decision "$version" "$prefix"
+      upgrade_decision "$version"
       # 014_dump_across_versions dumps a database of Debian's 15 into this version.
-      IDEM_OLD_INSTALL=$(pg_prefix 15) run_tap_tests
+      IDEM_OLD_INSTALL=$(pg_prefix 15) IDEM_UPGRADE_FROM=$upgrade_from_prefix run_tap_tests
+    fi
+    # Debian's 15 is no source for pg_upgrade: it writes a pg_attver option into every
+    # column's attoptions, which upstream 17 and 18 refuse.
+    if [ "$version" -ge 17 ]; then
+      upgrade_from_version=$version
+      upgrade_from_prefix=$prefix
     fi
   fi
   version_lines+=("PostgreSQL $version ($("$PG_CONFIG" --version)): $((passed - before_passed)) passed, $((failed - before_failed)) failed")

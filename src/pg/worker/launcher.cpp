@@ -137,6 +137,10 @@ static void launcher_main(Datum) {
 }
 
 void register_background_worker() {
+  // Not while pg_upgrade runs the server (-b, binary upgrade), as autovacuum does not:
+  // it starts each cluster to read or restore the schema, and the new one again after
+  // moving the data files, and nothing may change the store in between.
+  if (IsBinaryUpgrade) return;
   BackgroundWorker launcher = {};
   snprintf(launcher.bgw_name, BGW_MAXLEN, "idempotency launcher");
   snprintf(launcher.bgw_type, BGW_MAXLEN, "idempotency launcher");
