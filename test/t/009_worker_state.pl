@@ -1,6 +1,6 @@
 # The reaper's shared state: a pause is lifted however its command ends, commands
-# that will fail or need no pause leave the worker alone, and many databases do not
-# crowd out those with the extension.
+# that will fail or need no pause leave the worker alone, many databases do not
+# crowd out those with the extension, and an unserved database keeps its counters.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -165,6 +165,24 @@ while (@waiting && time() < $deadline) {
 	usleep(100_000) if @waiting;
 }
 is("@waiting", '', 'every database with the extension is served among 150 others');
+
+# 4. The counters of a database no worker serves (a template) count since server start:
+#    the launcher's passes forget only the entries of dropped databases.
+$node->safe_psql('postgres', 'CREATE DATABASE tmpl');
+$node->safe_psql('tmpl', 'CREATE EXTENSION idempotency');
+expire_one_key('tmpl', 'by-hand');
+$node->safe_psql('postgres', 'ALTER DATABASE tmpl IS_TEMPLATE true');
+is($node->safe_psql('tmpl', 'SELECT idem_reap()'), '1', 'idem_reap deletes in a template database');
+is($node->safe_psql('tmpl', 'SELECT reaped_total, worker_pid IS NULL FROM idem_stats()'), '1|t',
+	'which no worker serves, and counts it');
+# Two passes of the launcher after this point: app's reaper ends a pass twice.
+for my $pass (1, 2) {
+	my $before = $node->safe_psql('app', 'SELECT last_reap_at FROM idem_stats()');
+	wait_until('app', "SELECT last_reap_at > '$before' FROM idem_stats()")
+	  or die "the launcher made no pass $pass";
+}
+is($node->safe_psql('tmpl', 'SELECT reaped_total FROM idem_stats()'), '1',
+	"the launcher's passes keep an unserved database's counters");
 
 $node->stop;
 done_testing();

@@ -36,24 +36,25 @@ extern "C" {
 
 namespace idempotency {
 
-// Connectable, non-template databases, as a list of OIDs in `context`.
-static List* list_databases(MemoryContext context) {
-  List* databases = NIL;
+// The databases of pg_database as lists of OIDs in `context`: all of them in *existing,
+// and in *servable those a reaper can serve (connectable, not templates).
+static void list_databases(MemoryContext context, List** existing, List** servable) {
+  *existing = *servable = NIL;
   StartTransactionCommand();
   Relation rel = table_open(DatabaseRelationId, AccessShareLock);
   TableScanDesc scan = table_beginscan_catalog(rel, 0, nullptr);
   HeapTuple tuple;
   while ((tuple = heap_getnext(scan, ForwardScanDirection)) != nullptr) {
     Form_pg_database form = reinterpret_cast<Form_pg_database>(GETSTRUCT(tuple));
-    if (form->datistemplate || !form->datallowconn || database_is_invalid_form(form)) continue;
+    bool can_serve = !form->datistemplate && form->datallowconn && !database_is_invalid_form(form);
     MemoryContext old = MemoryContextSwitchTo(context);
-    databases = lappend_oid(databases, form->oid);
+    *existing = lappend_oid(*existing, form->oid);
+    if (can_serve) *servable = lappend_oid(*servable, form->oid);
     MemoryContextSwitchTo(old);
   }
   table_endscan(scan);
   table_close(rel, AccessShareLock);
   CommitTransactionCommand();
-  return databases;
 }
 
 static BackgroundWorkerHandle* start_reaper(Oid database) {
@@ -113,8 +114,12 @@ static void launcher_main(Datum) {
     if (pending == NIL && busy == 0 && now >= next_pass) {
       MemoryContextReset(pass_context);
       report_unserved(now);
-      pending = settings.reaper_enabled ? list_databases(pass_context) : NIL;
-      prune_entries(pending);
+      List* existing;
+      list_databases(pass_context, &existing, &pending);
+      // Only a dropped database's entry goes: the counters of a database that is not
+      // served (a template, or passes switched off) count since server start.
+      prune_entries(existing);
+      if (!settings.reaper_enabled) pending = NIL;
       last_pass = now;
       next_pass = now + static_cast<int64>(settings.reaper_naptime_ms) * 1000;
     }
