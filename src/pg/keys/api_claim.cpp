@@ -1,5 +1,6 @@
 // idem_claim and idem_once: claiming a key. Each checks its arguments, then the driver
 // looks at the key and the core (decide_claim, claim_fresh, claim_take_over) decides.
+#include "pg/citus/citus_forward.hpp"
 #include "pg/keys/arguments.hpp"
 #include "pg/keys/driver.hpp"
 #include "pg/common/errors.hpp"
@@ -11,6 +12,7 @@ extern "C" {
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "catalog/pg_type.h"
+#include "executor/executor.h"
 #include "utils/builtins.h"
 #include "utils/typcache.h"
 }
@@ -119,6 +121,20 @@ static Step claim_step(ClaimAction action, const ClaimRequest& request, const Pr
   return step;
 }
 
+// On the node of its shard, through Citus; an in-transaction claim made there is
+// remembered here too, for IK002 at this transaction's COMMIT.
+static Datum forward_claim(FunctionCallInfo fcinfo, const ClaimRequest& request) {
+  bool isnull;
+  Datum result = citus_forward(fcinfo, 6, request.id.route.value, request.id.route.type, &isnull);
+  if (isnull) elog(ERROR, "a claim forwarded through Citus returned NULL");
+  bool outcome_null;
+  Datum outcome = GetAttributeByNum(DatumGetHeapTupleHeader(result), 1, &outcome_null);
+  if (request.in_transaction && !outcome_null &&
+      strcmp(TextDatumGetCString(outcome), "claimed") == 0)
+    remember_forwarded_claim(request.id);
+  return result;
+}
+
 static Datum claim(FunctionCallInfo fcinfo) {
   ClaimRequest request;
   request.id = identity_arguments(fcinfo, 6);
@@ -129,6 +145,7 @@ static Datum claim(FunctionCallInfo fcinfo) {
   request.deadline = wait_deadline(fcinfo, 5, request.started);
   PreventCommandIfReadOnly("idem_claim()");
   request.in_transaction = lease == nullptr;
+  if (key_elsewhere(&request.id, fcinfo)) return forward_claim(fcinfo, request);
 
   KeyStore store;
   store_open(&store, store_for_key(&request.id), true);
@@ -188,6 +205,10 @@ static Datum once(FunctionCallInfo fcinfo) {
   Interval* ttl = ttl_argument(fcinfo, 2, request.started);
   request.deadline = wait_deadline(fcinfo, 3, request.started);
   PreventCommandIfReadOnly("idem_once()");
+  if (key_elsewhere(&request.id, fcinfo)) {
+    bool isnull;
+    return citus_forward(fcinfo, 4, request.id.route.value, request.id.route.type, &isnull);
+  }
 
   KeyStore store;
   store_open(&store, store_for_key(&request.id), true);

@@ -24,6 +24,11 @@ struct RememberedClaim {
   Identity id;               // copied into TopTransactionContext
   bool lease;                // a lease claim: may commit pending
   StoreOids store;           // where it is (a shard of the distributed store)
+  // Made on another node through Citus (citus_forward): that node's transaction knows
+  // it, this one only what it forwarded. The subtransaction of the forwarded finish
+  // that took it out of pending, else InvalidSubTransactionId.
+  bool forwarded;
+  SubTransactionId finished_in;
 };
 
 // An array rather than a List: a batch may claim 100,000 keys, and subtransaction
@@ -31,6 +36,7 @@ struct RememberedClaim {
 static RememberedClaim* claims;
 static int claim_count;
 static int claim_capacity;
+static int forwarded_count;  // of them, forwarded
 
 // The identity locks this transaction holds, each recorded as soon as it is taken
 // (nothing that can fail lies between), so that a subtransaction that aborts, with an
@@ -67,9 +73,21 @@ static T* grow(T* array, int count, int* capacity) {
 
 void remember_claim(const Identity& id, bool lease, const StoreOids& store) {
   claims = grow(claims, claim_count, &claim_capacity);
-  claims[claim_count++] = RememberedClaim{GetCurrentSubTransactionId(),
-                                          copy_identity(id, TopTransactionContext), lease, store};
+  claims[claim_count++] = RememberedClaim{
+      GetCurrentSubTransactionId(), copy_identity(id, TopTransactionContext), lease, store, false,
+      InvalidSubTransactionId};
   if (!lease) open_claims++;
+}
+
+void remember_forwarded_claim(const Identity& id) {
+  claims = grow(claims, claim_count, &claim_capacity);
+  claims[claim_count++] = RememberedClaim{GetCurrentSubTransactionId(),
+                                          copy_identity(id, TopTransactionContext),
+                                          false,
+                                          StoreOids{},
+                                          true,
+                                          InvalidSubTransactionId};
+  forwarded_count++;
 }
 
 void note_claim_finished() { open_claims--; }
@@ -84,6 +102,15 @@ static bool same_identity(const Identity& a, const Identity& b) {
          same_bytes(reinterpret_cast<struct varlena*>(a.scope),
                     reinterpret_cast<struct varlena*>(b.scope)) &&
          same_bytes(a.key, b.key);
+}
+
+void note_forwarded_finish(const Identity& id) {
+  for (int i = claim_count - 1; i >= 0 && forwarded_count > 0; i--)
+    if (claims[i].forwarded && claims[i].finished_in == InvalidSubTransactionId &&
+        same_identity(claims[i].id, id)) {
+      claims[i].finished_in = GetCurrentSubTransactionId();
+      return;
+    }
 }
 
 bool hold_identity_lock(const IdentityLock& lock, TimestampTz deadline) {
@@ -178,6 +205,7 @@ static void forget_claims() {
   saved_count = saved_capacity = 0;
   open_claims = 0;
   held_count = unwritten_count = 0;  // the transaction's end releases the identity locks
+  forwarded_count = 0;
 }
 
 [[noreturn]] static void raise_not_finished(const Identity& id);
@@ -191,16 +219,30 @@ static void raise_not_finished(const Identity& id) {
                   "with a lease for work that must commit before it finishes."));
 }
 
+// Raised here, before Citus commits the other node: there the same check fails that
+// node's COMMIT, which Citus reports as a WARNING and an XX000 when it commits one node
+// in one phase (transaction/transaction_management.c, CoordinatedTransactionCallback).
+static void check_forwarded_claims_finished() {
+  if (forwarded_count == 0) return;
+  for (int i = 0; i < claim_count; i++)
+    if (claims[i].forwarded && claims[i].finished_in == InvalidSubTransactionId)
+      raise_not_finished(claims[i].id);
+}
+
 static void check_claims_finished() {
+  check_forwarded_claims_finished();
   if (claim_count == 0 || open_claims == 0) return;
   for (int i = 0; i < held_count; i++)
     if (held[i].claim != nullptr && held[i].written_in == InvalidSubTransactionId)
       raise_not_finished(held[i].claim->id);
   KeyStore store;
+  bool opened = false;
   for (int i = 0; i < claim_count; i++) {
-    if (i == 0 || claims[i].store.heap != store.oids.heap) {  // another shard (Citus)
-      if (i > 0) store_close(&store);
+    if (claims[i].forwarded) continue;
+    if (!opened || claims[i].store.heap != store.oids.heap) {  // another shard (Citus)
+      if (opened) store_close(&store);
       store_open(&store, claims[i].store, false);
+      opened = true;
     }
     Probe probe;
     // A dirty read sees this transaction's latest writes whatever the command id.
@@ -208,7 +250,7 @@ static void check_claims_finished() {
     if (probe.found && claimed_here(probe, claims[i].id) && !probe.view.lease_expires_at)
       raise_not_finished(claims[i].id);
   }
-  store_close(&store);
+  if (opened) store_close(&store);
 }
 
 static void on_transaction_event(XactEvent event, void*) {
@@ -267,8 +309,15 @@ static void on_subtransaction_event(SubXactEvent event, SubTransactionId mine,
     }
     if (!abort) drop_if_written_at_its_level(i);
   }
+  // A forwarded finish rolled back leaves its claim pending again (the other node
+  // rolls back to the same savepoint: Citus sends it).
+  for (int i = claim_count - 1; i >= 0 && forwarded_count > 0; i--)
+    if (claims[i].forwarded && claims[i].finished_in != InvalidSubTransactionId &&
+        claims[i].finished_in >= mine)
+      claims[i].finished_in = abort ? InvalidSubTransactionId : parent;
   while (claim_count > 0 && claims[claim_count - 1].subxact >= mine) {
     if (event == SUBXACT_EVENT_ABORT_SUB) {
+      if (claims[claim_count - 1].forwarded) forwarded_count--;
       claim_count--;
       continue;
     }

@@ -1,0 +1,105 @@
+// A key function's call forwarded to the node of its shard through Citus: see
+// citus_forward.hpp. The slow path of a call made where its shard is not: one SQL
+// statement, parsed each time, since Citus delegates only a call whose distribution
+// argument is a constant (planner/function_call_delegation.c: a parameter makes it
+// retry the planning without one, or give up).
+#include "pg/citus/citus_forward.hpp"
+#include "pg/common/errors.hpp"
+
+extern "C" {
+#include "access/htup_details.h"
+#include "catalog/pg_proc.h"
+#include "executor/spi.h"
+#include "lib/stringinfo.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/lsyscache.h"
+#include "utils/syscache.h"
+}
+
+namespace idempotency {
+
+namespace {
+
+constexpr const char kTwinSuffix[] = "_routed";
+
+bool is_twin(const char* name) {
+  size_t length = strlen(name), suffix = strlen(kTwinSuffix);
+  return length > suffix && strcmp(name + length - suffix, kTwinSuffix) == 0;
+}
+
+// "SELECT <columns> FROM <schema>.<function>_routed(<constants>) r": every argument
+// as a literal cast to its type, so that Citus sees constants.
+char* twin_call(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_type,
+                const char* columns) {
+  Oid function = fcinfo->flinfo->fn_oid;
+  HeapTuple tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(function));
+  if (!HeapTupleIsValid(tuple)) elog(ERROR, "cache lookup failed for function %u", function);
+  auto proc = reinterpret_cast<Form_pg_proc>(GETSTRUCT(tuple));
+  StringInfoData sql;
+  initStringInfo(&sql);
+  appendStringInfo(&sql, "SELECT %s FROM %s.%s(", columns,
+                   quote_identifier(get_namespace_name(proc->pronamespace)),
+                   quote_identifier(psprintf("%s%s", NameStr(proc->proname), kTwinSuffix)));
+  for (int i = 0; i < PG_NARGS() && i < proc->pronargs; i++) {
+    bool is_route = i == route_arg;
+    Oid type = is_route ? route_type : proc->proargtypes.values[i];
+    if (i > 0) appendStringInfoString(&sql, ", ");
+    if (!is_route && PG_ARGISNULL(i)) {
+      appendStringInfo(&sql, "NULL::%s", format_type_be_qualified(type));
+      continue;
+    }
+    Oid output;
+    bool varlena;
+    getTypeOutputInfo(type, &output, &varlena);
+    char* value = OidOutputFunctionCall(output, is_route ? route : PG_GETARG_DATUM(i));
+    appendStringInfo(&sql, "%s::%s", quote_literal_cstr(value), format_type_be_qualified(type));
+  }
+  appendStringInfoString(&sql, ") r");
+  ReleaseSysCache(tuple);
+  return sql.data;
+}
+
+void run(const char* sql) {
+  if (SPI_execute(sql, false, 0) != SPI_OK_SELECT)
+    elog(ERROR, "forwarding a call through Citus failed: %s", sql);
+}
+
+}  // namespace
+
+bool citus_may_forward(FunctionCallInfo fcinfo) {
+  if (application_name != nullptr && strncmp(application_name, "citus_internal", 14) == 0)
+    return false;
+  char* name = get_func_name(fcinfo->flinfo->fn_oid);
+  return name != nullptr && !is_twin(name);
+}
+
+Datum citus_forward(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_type,
+                    bool* isnull) {
+  char* sql = twin_call(fcinfo, route_arg, route, route_type, "r");
+  SPI_connect();
+  run(sql);
+  if (SPI_processed != 1)
+    elog(ERROR, "forwarding a call through Citus returned " UINT64_FORMAT " rows", SPI_processed);
+  Form_pg_attribute column = TupleDescAttr(SPI_tuptable->tupdesc, 0);
+  Datum result = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, isnull);
+  if (!*isnull) result = SPI_datumTransfer(result, column->attbyval, column->attlen);
+  SPI_finish();
+  return result;
+}
+
+void citus_forward_rows(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_type,
+                        Tuplestorestate* rows, TupleDesc desc) {
+  char* sql = twin_call(fcinfo, route_arg, route, route_type, "*");
+  SPI_connect();
+  run(sql);
+  Datum* values = static_cast<Datum*>(palloc(sizeof(Datum) * desc->natts));
+  bool* nulls = static_cast<bool*>(palloc(sizeof(bool) * desc->natts));
+  for (uint64 i = 0; i < SPI_processed; i++) {
+    heap_deform_tuple(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, values, nulls);
+    tuplestore_putvalues(rows, desc, values, nulls);
+  }
+  SPI_finish();
+}
+
+}  // namespace idempotency
