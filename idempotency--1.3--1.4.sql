@@ -46,6 +46,12 @@ BEGIN
                    f.name || '_routed', f.params, route_type, f.returns, 'MODULE_PATHNAME', f.name);
     SELECT p.oid INTO twin FROM pg_proc p
       WHERE p.proname = f.name || '_routed' AND p.pronamespace = '@extschema@'::regnamespace;
+    -- Made by ALTER EXTENSION ... UPDATE (a store distributed with 1.3), it would be a
+    -- member of the extension; like those idem_distribute makes, it is not.
+    IF EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass
+               AND d.objid = twin AND d.deptype = 'e') THEN
+      EXECUTE format('ALTER EXTENSION idempotency DROP FUNCTION %s', twin);
+    END IF;
     EXECUTE format('COMMENT ON FUNCTION %s IS %L', twin,
                    'internal: ' || f.name || ' forwarded to the node of its shard');
     SELECT p.proacl INTO acl FROM pg_proc p
@@ -172,4 +178,18 @@ BEGIN
     @extschema@.idem_release_routed, @extschema@.idem_checkpoint_routed,
     @extschema@.idem_forget_routed, @extschema@.idem_lookup_routed;
   DROP TABLE idempotency.routed_keys;
+END $$;
+
+-- A store distributed with 1.3 gets its twins here, on the coordinator, which
+-- distributes them (Citus runs this script on the workers afterwards).
+DO $$
+BEGIN
+  IF to_regclass('idempotency.routed_keys') IS NOT NULL
+     AND EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+    IF pg_catalog.citus_is_coordinator() THEN
+      PERFORM idempotency.distribute_key_functions(
+        (SELECT pg_catalog.format_type(a.atttypid, a.atttypmod) FROM pg_catalog.pg_attribute a
+         WHERE a.attrelid = 'idempotency.routed_keys'::regclass AND a.attname = 'route'));
+    END IF;
+  END IF;
 END $$;

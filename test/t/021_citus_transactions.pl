@@ -16,7 +16,8 @@
 #   (x) a business write that fails after the claim: nothing stored, the retry pays;
 #   (v) NULL routing values of any type: 22023; a mistyped one: 42804; idem_lookup,
 #       idem_once, idem_forget, idem_checkpoint and idem_release forwarded too;
-#   (m) amcheck on every shard of the store.
+#   (m) amcheck on every shard of the store;
+#   (u) a store distributed with 1.3 updated to 1.4: keys kept, blocks work.
 #
 # Needs Citus installed in the PostgreSQL under test, like 017_citus.pl (IDEM_CITUS).
 use strict;
@@ -341,6 +342,57 @@ for my $worker (@workers) {
 		WHERE table_name = 'idempotency.routed_keys'::regclass AND nodeport = %d}, $worker->port));
 	is($checked, 4 * $shards, $worker->name . ": amcheck passed on the 4 indexes of each of its $shards shards");
 }
+
+# ---------------------------------------------------------------------------------
+# (u) A store distributed with 1.3, updated to 1.4
+# ---------------------------------------------------------------------------------
+
+# A database of its own on every node, with Citus and the extension at 1.3: the keys
+# its delegated calls stored are kept by ALTER EXTENSION ... UPDATE on the
+# coordinator, which makes the twins; blocks then replay them and pay new keys.
+for my $node (@nodes) {
+	$node->safe_psql('postgres', 'CREATE DATABASE upgraded');
+	$node->safe_psql('upgraded', 'CREATE EXTENSION citus');
+}
+sub on_upgraded { my ($node, $sql, @rest) = @_; return $node->safe_psql('upgraded', $sql, @rest) }
+on_upgraded($coordinator, sprintf(
+	q{SELECT citus_set_coordinator_host('127.0.0.1', %d);
+	  SELECT citus_add_node('127.0.0.1', %d); SELECT citus_add_node('127.0.0.1', %d);
+	  CREATE EXTENSION idempotency VERSION '1.3';},
+	$coordinator->port, $worker1->port, $worker2->port));
+on_upgraded($coordinator, 'SET citus.shard_count = 4;'
+	  . PostgreSQL::Test::Utils::slurp_file("$FindBin::RealBin/../../examples/create_payment_citus.sql")
+	  . q{GRANT ALL ON payments TO app; GRANT USAGE ON SEQUENCE payments_id_seq TO app;});
+my $u_keys = 20;
+on_upgraded($coordinator, join('', map { "CALL create_payment('u-$_', $_, 40);\n" } 1 .. $u_keys),
+	extra_params => [ '-U', 'app' ]);
+($out, $err) = ('', '');
+$coordinator->psql('upgraded', "\\set VERBOSITY verbose\nBEGIN; CALL create_payment('u-new-1', 1001, 40); COMMIT;",
+	stdout => \$out, stderr => \$err, extra_params => [ '-U', 'app' ]);
+like($err, qr/IK006: .*_routed, which takes the call there, does not exist.*\n.*\nHINT:  Run ALTER EXTENSION idempotency UPDATE/s,
+	'(u) 1.3 schema under the 1.4 library: a block on the coordinator fails with IK006, hint to update');
+on_upgraded($coordinator, 'ALTER EXTENSION idempotency UPDATE');
+is(join(',', map { on_upgraded($_, q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}) } @nodes),
+	'1.4,1.4,1.4', '(u) updated to 1.4 on every node');
+is(on_upgraded($coordinator, q{
+		SELECT count(*) FROM pg_dist_object o JOIN pg_proc p ON p.oid = o.objid
+		WHERE p.proname LIKE 'idem\_%\_routed' AND o.force_delegation}),
+	'8', '(u) the update made and distributed the 8 twins');
+is(join(',', map { on_upgraded($_, q{
+		SELECT count(*) || '/' || count(*) FILTER (WHERE EXISTS (
+		         SELECT FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass
+		         AND d.objid = p.oid AND d.deptype = 'e'))
+		FROM pg_proc p WHERE p.proname LIKE 'idem\_%\_routed'}) } @nodes),
+	'8/0,8/0,8/0', '(u) on every node, none of them a member of the extension (as idem_distribute makes them)');
+my $u_blocks = join('', map {
+	sprintf("BEGIN;\nCALL create_payment('u-%d', %d, 40);\nCOMMIT;\n", $_, $_) } 1 .. 2 * $u_keys);
+on_upgraded($coordinator, $u_blocks, extra_params => [ '-U', 'app' ]);
+is(on_upgraded($coordinator, sprintf(q{
+		SELECT count(*) FILTER (WHERE c = 1), count(*) FILTER (WHERE c > 1)
+		FROM (SELECT account, count(*) AS c FROM payments GROUP BY account) p})),
+	2 * $u_keys . '|0', "(u) the $u_keys keys stored under 1.3 replay in blocks, $u_keys new ones pay once");
+is(on_upgraded($coordinator, q{SELECT count(*) FROM idempotency.routed_keys WHERE state = 'c'}),
+	2 * $u_keys, '(u) and every key is kept or stored');
 
 $_->stop for @nodes;
 done_testing();

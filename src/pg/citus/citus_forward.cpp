@@ -11,6 +11,8 @@ extern "C" {
 #include "catalog/pg_proc.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
+#include "nodes/value.h"
+#include "parser/parse_func.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
@@ -36,11 +38,20 @@ char* twin_call(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_t
   HeapTuple tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(function));
   if (!HeapTupleIsValid(tuple)) elog(ERROR, "cache lookup failed for function %u", function);
   auto proc = reinterpret_cast<Form_pg_proc>(GETSTRUCT(tuple));
+  char* schema = get_namespace_name(proc->pronamespace);
+  char* twin = psprintf("%s%s", NameStr(proc->proname), kTwinSuffix);
+  if (!OidIsValid(
+          LookupFuncName(list_make2(makeString(schema), makeString(twin)), -1, nullptr, true)))
+    ereport(ERROR, errcode(ERRCODE_IDEM_NOT_LOCAL),
+            errmsg("the key's shard is on another node, and %s.%s, which takes the call there, "
+                   "does not exist",
+                   schema, twin),
+            errdetail("idem_distribute makes it from version 1.4 on."),
+            errhint("Run ALTER EXTENSION idempotency UPDATE on the coordinator."));
   StringInfoData sql;
   initStringInfo(&sql);
-  appendStringInfo(&sql, "SELECT %s FROM %s.%s(", columns,
-                   quote_identifier(get_namespace_name(proc->pronamespace)),
-                   quote_identifier(psprintf("%s%s", NameStr(proc->proname), kTwinSuffix)));
+  appendStringInfo(&sql, "SELECT %s FROM %s.%s(", columns, quote_identifier(schema),
+                   quote_identifier(twin));
   for (int i = 0; i < PG_NARGS() && i < proc->pronargs; i++) {
     bool is_route = i == route_arg;
     Oid type = is_route ? route_type : proc->proargtypes.values[i];
