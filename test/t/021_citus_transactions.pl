@@ -16,6 +16,9 @@
 #   (x) a business write that fails after the claim: nothing stored, the retry pays;
 #   (v) NULL routing values of any type: 22023; a mistyped one: 42804; idem_lookup,
 #       idem_once, idem_forget, idem_checkpoint and idem_release forwarded too;
+#   (s) shard moves (block_writes, force_logical) during an open transaction block,
+#       the transaction first and the move first; a worker stopped between claim and
+#       COMMIT: per key a payment exactly when its key is completed, retries replay;
 #   (m) amcheck on every shard of the store;
 #   (u) a store distributed with 1.3 updated to 1.4: keys kept, blocks work.
 #
@@ -61,6 +64,10 @@ idempotency.reaper_enabled = off
 listen_addresses = '127.0.0.1'
 max_connections = 100
 max_prepared_transactions = 100
+wal_level = logical
+max_replication_slots = 16
+max_wal_senders = 16
+max_worker_processes = 24
 citus.enable_statistics_collection = off
 });
 	$node->start;
@@ -323,6 +330,133 @@ is(as_app(qq{BEGIN;
 is(as_app(qq{SELECT idem_once('payments', 'v-5', route => $acc1);
 		SELECT outcome FROM idem_claim('payments', 'v-5', route => $acc1)}),
 	"t\nreplay", '(v) idem_once on the coordinator outside a block, then a claim: replay');
+
+# ---------------------------------------------------------------------------------
+# (s) Shard moves and a worker killed during an open transaction on the coordinator
+# ---------------------------------------------------------------------------------
+
+# The shard of an account and the port of its node.
+sub shard_of {
+	my ($account) = @_;
+	return split /\|/, $coordinator->safe_psql('postgres', qq{
+		SELECT shardid, nodeport FROM citus_shards
+		WHERE table_name = 'payments'::regclass
+		  AND shardid = get_shard_id_for_distribution_column('payments', ${account}::bigint)});
+}
+
+sub other_port { return $_[0] == $worker1->port ? $worker2->port : $worker1->port }
+
+# Locks waited for on any node: something is blocked.
+sub waiting_locks {
+	my $n = 0;
+	$n += $_->safe_psql('postgres', 'SELECT count(*) FROM pg_locks WHERE NOT granted') for @nodes;
+	return $n;
+}
+
+sub poll_until_waiting {
+	my ($more_than, $what) = @_;
+	my $deadline = time + $PostgreSQL::Test::Utils::timeout_default;
+	while (waiting_locks() <= $more_than) {
+		if (time > $deadline) { fail("timed out waiting for $what"); return; }
+		select(undef, undef, undef, 0.05);
+	}
+	pass("$what waits");
+}
+
+# The block of key s-$n for $account, as four statements (the last, COMMIT).
+sub block_steps {
+	my ($n, $account) = @_;
+	return (qq{BEGIN; SELECT outcome FROM idem_claim('payments', 's-$n', route => $account);},
+		qq{INSERT INTO payments(account, amount) VALUES ($account, 70);},
+		qq{SELECT 1 FROM idem_complete('payments', 's-$n', '{"s": $n}', route => $account);}, 'COMMIT;');
+}
+
+sub move_command {
+	my ($shard, $from, $mode) = @_;
+	return sprintf(q{SELECT citus_move_shard_placement(%d, '127.0.0.1', %d, '127.0.0.1', %d,
+	                 shard_transfer_mode => '%s');}, $shard, $from, other_port($from), $mode);
+}
+
+# Per key s-$n: one payment of $account and its key completed, or neither; then a
+# retry in a block replays, from wherever the shard is now.
+sub check_key {
+	my ($n, $account, $what) = @_;
+	is($coordinator->safe_psql('postgres', qq{
+			SELECT (SELECT count(*) FROM payments WHERE account = $account) || '|'
+			    || (SELECT count(*) FROM idempotency.routed_keys WHERE key = 's-$n' AND state = 'c')}),
+		'1|1', "$what: one payment, its key completed");
+	is(as_app(qq{BEGIN; SELECT outcome, response FROM idem_claim('payments', 's-$n', route => $account); COMMIT;}),
+		qq{replay|{"s": $n}}, "$what: a retry replays");
+}
+
+my $s = 0;
+for my $mode ('block_writes', 'force_logical') {
+	# The transaction first: it holds the key's shard's metadata lock (and Citus's
+	# own on the worker); the move waits for its COMMIT and carries key and payment.
+	$s++;
+	my $account = 4000 + $s;
+	my ($shard, $from) = shard_of($account);
+	my @steps = block_steps($s, $account);
+	my $tx = $coordinator->background_psql('postgres', extra_params => [ '-U', 'app' ]);
+	is($tx->query_safe($steps[0]), 'claimed', "(s) $mode, transaction first: claimed");
+	$tx->query_safe($steps[1]);
+	my $before = waiting_locks();
+	my $mover = $coordinator->background_psql('postgres');
+	$mover->query_until(qr/moving/, "\\echo moving\n" . move_command($shard, $from, $mode) . "\n");
+	poll_until_waiting($before, "(s) $mode, transaction first: the move");
+	$tx->query_safe($steps[2]);
+	$tx->query_safe($steps[3]);
+	$tx->quit;
+	$mover->quit;
+	is((shard_of($account))[1], other_port($from), "(s) $mode, transaction first: the shard moved");
+	check_key($s, $account, "(s) $mode, transaction first");
+
+	# The move first: held up on the source worker (a lock on the payments shard)
+	# while the transaction starts; then let go.
+	$s++;
+	$account = 4000 + $s;
+	($shard, $from) = shard_of($account);
+	@steps = block_steps($s, $account);
+	my ($source) = grep { $_->port == $from } @workers;
+	my $holder = $source->background_psql('postgres');
+	$holder->query_safe("SET citus.enable_manual_changes_to_shards = on; BEGIN; LOCK TABLE payments_$shard IN ACCESS EXCLUSIVE MODE;");
+	$before = waiting_locks();
+	$mover = $coordinator->background_psql('postgres');
+	$mover->query_until(qr/moving/, "\\echo moving\n" . move_command($shard, $from, $mode) . "\n");
+	poll_until_waiting($before, "(s) $mode, move first: the move");
+	$before = waiting_locks();
+	$tx = $coordinator->background_psql('postgres', extra_params => [ '-U', 'app' ], on_error_stop => 0);
+	$tx->query_until(qr/paying/, "\\echo paying\n" . join("\n", @steps) . "\n\\echo paid\n");
+	poll_until_waiting($before, "(s) $mode, move first: the transaction");
+	$holder->query_safe('COMMIT;');
+	$holder->quit;
+	$mover->quit;
+	$tx->quit;
+	is((shard_of($account))[1], other_port($from), "(s) $mode, move first: the shard moved");
+	check_key($s, $account, "(s) $mode, move first");
+}
+
+# A worker stopped (immediate) between the claim and the COMMIT, then restarted: the
+# whole transaction is lost, key and payment alike; the retry pays once.
+$s++;
+my $account_k = 4000 + $s;
+my (undef, $port_k) = shard_of($account_k);
+my ($victim) = grep { $_->port == $port_k } @workers;
+my @steps = block_steps($s, $account_k);
+my $tx = $coordinator->background_psql('postgres', extra_params => [ '-U', 'app' ], on_error_stop => 0);
+is($tx->query_safe($steps[0]), 'claimed', '(s) worker killed: claimed');
+$tx->query_safe($steps[1]);
+$victim->stop('immediate');
+$tx->query($steps[2]);
+$tx->query($steps[3]);
+$tx->quit;
+$victim->start;
+is($coordinator->safe_psql('postgres', qq{
+		SELECT (SELECT count(*) FROM payments WHERE account = $account_k) || '|'
+		    || (SELECT count(*) FROM idempotency.routed_keys WHERE key = 's-$s')}),
+	'0|0', '(s) worker killed between claim and COMMIT: neither payment nor key');
+as_app(join("\n", @steps));
+check_key($s, $account_k, '(s) worker killed, then retried');
 
 # ---------------------------------------------------------------------------------
 # (m) amcheck on every shard of the store
