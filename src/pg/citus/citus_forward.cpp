@@ -31,7 +31,9 @@ bool is_twin(const char* name) {
 }
 
 // "SELECT <columns> FROM <schema>.<function>_routed(<constants>) r": every argument
-// as a literal cast to its type, so that Citus sees constants.
+// as a literal cast to its type, so that Citus sees constants. Each value goes in
+// through quote_literal and comes back through its type's input function, in this
+// session and its settings: user text stays data, and the value is the same.
 char* twin_call(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_type,
                 const char* columns) {
   Oid function = fcinfo->flinfo->fn_oid;
