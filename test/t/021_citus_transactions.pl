@@ -331,6 +331,20 @@ is(as_app(qq{SELECT idem_once('payments', 'v-5', route => $acc1);
 		SELECT outcome FROM idem_claim('payments', 'v-5', route => $acc1)}),
 	"t\nreplay", '(v) idem_once on the coordinator outside a block, then a claim: replay');
 
+# The session's defaults go with a forwarded call: idempotency.default_ttl and
+# wait_timeout set on the coordinator hold on the worker.
+is(as_app(qq{SET idempotency.default_ttl = '1h';
+		BEGIN; SELECT expires_at < now() + interval '2 hours' FROM idem_claim('payments', 'v-6', route => $acc1);
+		SELECT 1 FROM idem_complete('payments', 'v-6', route => $acc1); COMMIT;}),
+	"t\n1", '(v) a forwarded claim takes its dedup window from the coordinator session');
+my $holder_v = $coordinator->background_psql('postgres', extra_params => [ '-U', 'app' ]);
+$holder_v->query_safe(qq{BEGIN; SELECT idem_claim('payments', 'v-7', route => $acc1);});
+is(as_app(qq{SET idempotency.wait_timeout = '200ms';
+		SELECT outcome, retry_after < interval '3 s' FROM idem_claim('payments', 'v-7', route => $acc1);}),
+	'in_progress|t', '(v) a forwarded claim waits as long as the coordinator session says');
+$holder_v->query_safe('ROLLBACK');
+$holder_v->quit;
+
 # ---------------------------------------------------------------------------------
 # (s) Shard moves and a worker killed during an open transaction on the coordinator
 # ---------------------------------------------------------------------------------
