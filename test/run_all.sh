@@ -17,11 +17,11 @@
 #      `make installcheck` three times: pg_regress (REGRESS) and the isolation specs
 #      (ISOLATION), each on a temporary instance of its own (test/regress.conf), then
 #      the TAP tests (TAP_TESTS), which start clusters of their own; a line per version.
-#      The Citus scale-out test (test/t/017_citus.pl: a coordinator and two workers)
-#      runs on PostgreSQL 17 and later when scripts/citus.sh's citus_for can give that
+#      The Citus scale-out tests (test/t/017_citus.pl and 021_citus_transactions.pl:
+#      a coordinator and two workers each) run on PostgreSQL 17 and later when scripts/citus.sh's citus_for can give that
 #      PostgreSQL a Citus (installed there, or built once from CITUS_TARBALL or
 #      CITUS_SOURCE_DIR/citus-*.tar.gz or its cache); otherwise a line
-#      "not run: 017_citus.pl (why)" says so, and it counts neither as passed nor as
+#      "not run: 017_citus.pl, 021_citus_transactions.pl (why)" says so, and they count neither as passed nor as
 #      failed (a Citus that fails to build counts as failed).
 #
 # It ends with exactly one line "N passed, N failed", counting ctest tests, fuzz
@@ -564,8 +564,8 @@ citus_decision() {
     esac
   fi
   if [ "$IDEM_CITUS" = 0 ]; then
-    echo "not run: 017_citus.pl ($reason)"
-    not_run_lines+=("PostgreSQL $version: not run: 017_citus.pl ($reason)")
+    echo "not run: 017_citus.pl, 021_citus_transactions.pl ($reason)"
+    not_run_lines+=("PostgreSQL $version: not run: 017_citus.pl, 021_citus_transactions.pl ($reason)")
   fi
 }
 
