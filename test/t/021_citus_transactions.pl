@@ -280,6 +280,24 @@ is(as_app(qq{BEGIN; SAVEPOINT s; SELECT 1 FROM idem_claim('payments', 'i-8', rou
 	"1\n2\n3\n0\ncompleted",
 	'(i) a claim rolled back to its savepoint commits nothing; a finish released into the transaction counts');
 
+# A claim forwarded from the coordinator and finished by a function Citus delegates
+# inside the block (force_delegation): it runs on the worker, in the same worker
+# transaction, so the key is not pending at COMMIT.
+$coordinator->safe_psql('postgres', q{
+  CREATE FUNCTION finish_at(p_key idem_key, p_account bigint) RETURNS boolean
+    LANGUAGE plpgsql AS $$
+    BEGIN PERFORM idem_complete('payments', p_key, '{"by": "finish_at"}', route => p_account);
+          RETURN true; END $$;
+  SELECT create_distributed_function('finish_at(idem_key, bigint)', 'p_account',
+                                     colocate_with => 'payments', force_delegation => true);});
+is(as_app(qq{BEGIN; SELECT outcome FROM idem_claim('payments', 'i-10', route => $acc1);
+		INSERT INTO payments(account, amount) VALUES ($acc1, 3);
+		SELECT * FROM finish_at('i-10', $acc1); COMMIT;
+		SELECT state, response FROM idem_lookup('payments', 'i-10', route => $acc1);}),
+	qq{claimed\nt\ncompleted|{"by": "finish_at"}},
+	'(i) a forwarded claim finished by a delegated function in the block: no IK002, committed');
+$coordinator->safe_psql('postgres', "DELETE FROM payments WHERE account = $acc1");
+
 # ---------------------------------------------------------------------------------
 # (x) The business write fails after the claim
 # ---------------------------------------------------------------------------------

@@ -16,6 +16,8 @@ extern "C" {
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
 #include "utils/syscache.h"
 }
 
@@ -113,6 +115,32 @@ void citus_forward_rows(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid
     tuplestore_putvalues(rows, desc, values, nulls);
   }
   SPI_finish();
+}
+
+const char* citus_forwarded_state(Oid schema, const char* scope, const char* key, Datum route,
+                                  Oid route_type) {
+  const char* nsp = quote_identifier(get_namespace_name(schema));
+  Oid output;
+  bool varlena;
+  getTypeOutputInfo(route_type, &output, &varlena);
+  char* sql = psprintf(
+      "SELECT state FROM %s.idem_lookup_routed(%s::pg_catalog.text, %s::%s.idem_key, "
+      "%s::%s)",
+      nsp, quote_literal_cstr(scope), quote_literal_cstr(key), nsp,
+      quote_literal_cstr(OidOutputFunctionCall(output, route)),
+      format_type_be_qualified(route_type));
+  // At COMMIT no statement's snapshot is active any more.
+  PushActiveSnapshot(GetTransactionSnapshot());
+  SPI_connect();
+  run(sql);
+  const char* state = nullptr;
+  if (SPI_processed > 0) {
+    char* value = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+    if (value != nullptr) state = MemoryContextStrdup(TopTransactionContext, value);
+  }
+  SPI_finish();
+  PopActiveSnapshot();
+  return state;
 }
 
 }  // namespace idempotency

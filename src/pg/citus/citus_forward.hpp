@@ -40,4 +40,12 @@ Datum citus_forward(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid rou
 void citus_forward_rows(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_type,
                         Tuplestorestate* rows, TupleDesc desc);
 
+// The state ("pending", "completed", ...) of key `key` of scope `scope` and routing
+// value `route` on the node of its shard, as this transaction sees it there (through
+// the twin of idem_lookup in schema `schema`), or nullptr where it has none. For
+// COMMIT, to learn whether a claim forwarded from here was finished there by other
+// means (a function Citus delegated in the same transaction).
+const char* citus_forwarded_state(Oid schema, const char* scope, const char* key, Datum route,
+                                  Oid route_type);
+
 }  // namespace idempotency

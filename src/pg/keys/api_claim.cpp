@@ -15,6 +15,7 @@ extern "C" {
 #include "catalog/pg_type.h"
 #include "executor/executor.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/typcache.h"
 }
 
@@ -144,7 +145,7 @@ static Datum forward_claim(FunctionCallInfo fcinfo, const ClaimRequest& request,
   Datum outcome = GetAttributeByNum(DatumGetHeapTupleHeader(result), 1, &outcome_null);
   if (request.in_transaction && !outcome_null &&
       strcmp(TextDatumGetCString(outcome), "claimed") == 0)
-    remember_forwarded_claim(request.id);
+    remember_forwarded_claim(request.id, get_func_namespace(fcinfo->flinfo->fn_oid));
   return result;
 }
 

@@ -6,6 +6,7 @@
 // undone by a rolled-back savepoint.
 #include "pg/keys/xact.hpp"
 
+#include "pg/citus/citus_forward.hpp"
 #include "pg/common/errors.hpp"
 #include "pg/keys/identity_lock.hpp"
 #include "pg/common/key_type.hpp"
@@ -13,6 +14,7 @@
 
 extern "C" {
 #include "access/xact.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 }
@@ -29,6 +31,7 @@ struct RememberedClaim {
   // that took it out of pending, else InvalidSubTransactionId.
   bool forwarded;
   SubTransactionId finished_in;
+  Oid schema;  // of the twins it was forwarded through
 };
 
 // An array rather than a List: a batch may claim 100,000 keys, and subtransaction
@@ -73,20 +76,25 @@ static T* grow(T* array, int count, int* capacity) {
 
 void remember_claim(const Identity& id, bool lease, const StoreOids& store) {
   claims = grow(claims, claim_count, &claim_capacity);
-  claims[claim_count++] = RememberedClaim{
-      GetCurrentSubTransactionId(), copy_identity(id, TopTransactionContext), lease, store, false,
-      InvalidSubTransactionId};
+  claims[claim_count++] = RememberedClaim{GetCurrentSubTransactionId(),
+                                          copy_identity(id, TopTransactionContext),
+                                          lease,
+                                          store,
+                                          false,
+                                          InvalidSubTransactionId,
+                                          InvalidOid};
   if (!lease) open_claims++;
 }
 
-void remember_forwarded_claim(const Identity& id) {
+void remember_forwarded_claim(const Identity& id, Oid schema) {
   claims = grow(claims, claim_count, &claim_capacity);
   claims[claim_count++] = RememberedClaim{GetCurrentSubTransactionId(),
                                           copy_identity(id, TopTransactionContext),
                                           false,
                                           StoreOids{},
                                           true,
-                                          InvalidSubTransactionId};
+                                          InvalidSubTransactionId,
+                                          schema};
   forwarded_count++;
 }
 
@@ -222,11 +230,20 @@ static void raise_not_finished(const Identity& id) {
 // Raised here, before Citus commits the other node: there the same check fails that
 // node's COMMIT, which Citus reports as a WARNING and an XX000 when it commits one node
 // in one phase (transaction/transaction_management.c, CoordinatedTransactionCallback).
+// A claim no forwarded finish took out of pending may have been finished on its node
+// by a function Citus delegated there in this transaction: asked there (as its role
+// sees it: a claim made under another role counts as pending).
 static void check_forwarded_claims_finished() {
   if (forwarded_count == 0) return;
-  for (int i = 0; i < claim_count; i++)
-    if (claims[i].forwarded && claims[i].finished_in == InvalidSubTransactionId)
-      raise_not_finished(claims[i].id);
+  for (int i = 0; i < claim_count; i++) {
+    const RememberedClaim& claim = claims[i];
+    if (!claim.forwarded || claim.finished_in != InvalidSubTransactionId) continue;
+    if (claim.id.role != GetUserId()) raise_not_finished(claim.id);
+    const char* state =
+        citus_forwarded_state(claim.schema, text_to_cstring(claim.id.scope),
+                              key_cstring(claim.id.key), claim.id.route.value, claim.id.route.type);
+    if (state != nullptr && strcmp(state, "pending") == 0) raise_not_finished(claim.id);
+  }
 }
 
 static void check_claims_finished() {
