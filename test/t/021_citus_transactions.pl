@@ -13,6 +13,7 @@
 #   (r) retries of all of them, in blocks and delegated: replays, nothing paid again;
 #   (i) a claim left pending at COMMIT: IK002 (one phase, two phases, a finish rolled
 #       back to a savepoint), nothing stored on the worker;
+#   (w) the same block on a worker, for a shard of the other worker;
 #   (x) a business write that fails after the claim: nothing stored, the retry pays;
 #   (v) NULL routing values of any type: 22023; a mistyped one: 42804; idem_lookup,
 #       idem_once, idem_forget, idem_checkpoint and idem_release forwarded too;
@@ -297,6 +298,27 @@ is(as_app(qq{BEGIN; SELECT outcome FROM idem_claim('payments', 'i-10', route => 
 	qq{claimed\nt\ncompleted|{"by": "finish_at"}},
 	'(i) a forwarded claim finished by a delegated function in the block: no IK002, committed');
 $coordinator->safe_psql('postgres', "DELETE FROM payments WHERE account = $acc1");
+
+# ---------------------------------------------------------------------------------
+# (w) The block on a worker, for an account whose shard is on the other worker
+# ---------------------------------------------------------------------------------
+
+my ($acc_w) = split /\|/, $coordinator->safe_psql('postgres', sprintf(q{
+	SELECT min(a) FROM generate_series(6001, 6100) a
+	JOIN citus_shards s ON s.shardid = get_shard_id_for_distribution_column('payments', a::bigint)
+	WHERE s.table_name = 'payments'::regclass AND s.nodeport = %d}, $worker2->port));
+my $block_w = qq{BEGIN; SELECT outcome FROM idem_claim('payments', 'w-1', route => $acc_w);
+	INSERT INTO payments(account, amount) VALUES ($acc_w, 9);
+	SELECT 1 FROM idem_complete('payments', 'w-1', '{"w": 1}', route => $acc_w); COMMIT;};
+is($worker1->safe_psql('postgres', $block_w, extra_params => [ '-U', 'app' ]), "claimed\n1",
+	'(w) a block on worker1 for a shard of worker2: claimed and completed');
+is($worker1->safe_psql('postgres', qq{BEGIN; SELECT outcome, response FROM idem_claim('payments', 'w-1', route => $acc_w); COMMIT;},
+		extra_params => [ '-U', 'app' ]),
+	'replay|{"w": 1}', '(w) retried there: replay');
+is($coordinator->safe_psql('postgres', qq{
+		SELECT (SELECT count(*) FROM payments WHERE account = $acc_w) || '|'
+		    || (SELECT count(*) FROM idempotency.routed_keys WHERE key = 'w-1' AND state = 'c')}),
+	'1|1', '(w) one payment, its key completed on worker2');
 
 # ---------------------------------------------------------------------------------
 # (x) The business write fails after the claim
