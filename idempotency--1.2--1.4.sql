@@ -370,3 +370,190 @@ CREATE FUNCTION idem_install_notice() RETURNS void
   AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
 SELECT idem_install_notice();
 DROP FUNCTION idem_install_notice();
+-- Key functions anywhere in a Citus cluster, in the caller's transaction (SPEC v1.3,
+-- "Scale-out with Citus"): a key function called where its key's shard is not (a
+-- transaction block on the coordinator, say) runs on the shard's node through a twin,
+-- <function>_routed, whose last argument `route` has the distribution column's type,
+-- distributed with force_delegation: Citus delegates a call of it with a constant
+-- route even inside a transaction block, over the connection that the transaction's
+-- later statements on that shard reuse, so the key commits with the business rows.
+-- (Citus refuses a distribution argument of type "any", hence typed twins, made by
+-- idem_distribute for the column's type. src/pg/citus/citus_forward.hpp.)
+------------------------------------------------------------------------------
+
+-- Makes and distributes the twins for routes of type `route_type`, each with the
+-- privileges of the function it stands for.
+CREATE FUNCTION idempotency.distribute_key_functions(route_type text) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  f record;
+  twin regprocedure;
+  acl aclitem[];
+  grant_entry record;
+BEGIN
+  FOR f IN SELECT * FROM (VALUES
+      ('idem_claim', 'scope text, key @extschema@.idem_key, fingerprint bytea, ttl interval, '
+                     'lease interval, wait interval', '@extschema@.idem_claim_result'),
+      ('idem_once', 'scope text, key @extschema@.idem_key, ttl interval, wait interval', 'boolean'),
+      ('idem_complete', 'scope text, key @extschema@.idem_key, response jsonb, attempt integer', 'void'),
+      ('idem_fail', 'scope text, key @extschema@.idem_key, error jsonb, attempt integer', 'void'),
+      ('idem_release', 'scope text, key @extschema@.idem_key, attempt integer', 'void'),
+      ('idem_checkpoint', 'scope text, key @extschema@.idem_key, point text, data jsonb, '
+                          'attempt integer', 'void'),
+      ('idem_forget', 'scope text, key @extschema@.idem_key', 'boolean'),
+      ('idem_lookup', 'scope text, key @extschema@.idem_key',
+       'TABLE(state text, response jsonb, attempt integer, checkpoint text, '
+       'checkpoint_data jsonb, first_claimed_at timestamptz, expires_at timestamptz, '
+       'lease_expires_at timestamptz)')) AS t(name, params, returns)
+  LOOP
+    EXECUTE format('CREATE FUNCTION @extschema@.%I(%s, route %s) RETURNS %s AS %L, %L LANGUAGE C',
+                   f.name || '_routed', f.params, route_type, f.returns, 'MODULE_PATHNAME', f.name);
+    SELECT p.oid INTO twin FROM pg_proc p
+      WHERE p.proname = f.name || '_routed' AND p.pronamespace = '@extschema@'::regnamespace;
+    -- Made by ALTER EXTENSION ... UPDATE (a store distributed with 1.3), it would be a
+    -- member of the extension; like those idem_distribute makes, it is not.
+    IF EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass
+               AND d.objid = twin AND d.deptype = 'e') THEN
+      EXECUTE format('ALTER EXTENSION idempotency DROP FUNCTION %s', twin);
+    END IF;
+    EXECUTE format('COMMENT ON FUNCTION %s IS %L', twin,
+                   'internal: ' || f.name || ' forwarded to the node of its shard');
+    SELECT p.proacl INTO acl FROM pg_proc p
+      WHERE p.proname = f.name AND p.pronamespace = '@extschema@'::regnamespace;
+    IF acl IS NOT NULL THEN
+      EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', twin);
+      FOR grant_entry IN SELECT a.grantee, a.is_grantable FROM aclexplode(acl) a
+                         WHERE a.privilege_type = 'EXECUTE' LOOP
+        EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO %s%s', twin,
+          CASE WHEN grant_entry.grantee = 0 THEN 'PUBLIC'
+               ELSE quote_ident(grant_entry.grantee::regrole::text) END,
+          CASE WHEN grant_entry.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+      END LOOP;
+    END IF;
+    PERFORM create_distributed_function(twin, 'route', colocate_with => 'idempotency.routed_keys',
+                                        force_delegation => true);
+  END LOOP;
+END $$;
+REVOKE ALL ON FUNCTION idempotency.distribute_key_functions(text) FROM PUBLIC;
+
+-- idem_distribute makes the twins too; idem_undistribute drops them.
+-- (Shards made and read one after the other: Citus refuses to distribute or drop a
+-- function in a transaction that used shards in parallel.)
+CREATE OR REPLACE FUNCTION idem_distribute(business regclass) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+SET citus.multi_shard_modify_mode = 'sequential' AS $$
+DECLARE
+  method "char";
+  route_column text;
+  route_type text;
+  route_collation text;
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
+    RAISE EXCEPTION 'Citus is not installed in this database'
+      USING ERRCODE = 'object_not_in_prerequisite_state',
+            HINT = 'Add citus before idempotency to shared_preload_libraries on every node, '
+                   'then CREATE EXTENSION citus.';
+  END IF;
+  IF NOT citus_is_coordinator() THEN
+    RAISE EXCEPTION 'idem_distribute runs on the Citus coordinator'
+      USING ERRCODE = 'object_not_in_prerequisite_state';
+  END IF;
+  IF to_regclass('idempotency.routed_keys') IS NOT NULL THEN
+    RAISE EXCEPTION 'the key store is already distributed, co-located with %',
+        (SELECT string_agg(p.logicalrelid::text, ', ')
+         FROM pg_dist_partition p, pg_dist_partition k
+         WHERE k.logicalrelid = 'idempotency.routed_keys'::regclass
+           AND p.colocationid = k.colocationid AND p.logicalrelid <> k.logicalrelid)
+      USING ERRCODE = 'object_not_in_prerequisite_state',
+            HINT = 'Distribute it once. To change the table it follows, call idem_undistribute() '
+                   'while it holds no keys.';
+  END IF;
+  SELECT partmethod, column_to_column_name(logicalrelid, partkey)
+    INTO method, route_column
+    FROM pg_dist_partition WHERE logicalrelid = business;
+  IF method IS DISTINCT FROM 'h' THEN
+    RAISE EXCEPTION '% is not a hash-distributed Citus table', business
+      USING ERRCODE = 'invalid_parameter_value',
+            HINT = 'Distribute the business table first: create_distributed_table(table, column).';
+  END IF;
+  IF EXISTS (SELECT FROM idempotency.keys) THEN
+    RAISE EXCEPTION 'the key store holds keys without a routing value'
+      USING ERRCODE = 'object_not_in_prerequisite_state',
+            DETAIL = 'A key stored before distributing has no routing value, so it has no shard.',
+            HINT = 'Distribute before the first claim, or let the keys expire (idem_reap()) '
+                   'or remove them (idem_forget) first.';
+  END IF;
+  SELECT format_type(a.atttypid, a.atttypmod),
+         CASE WHEN a.attcollation <> 0 THEN format(' COLLATE %s', a.attcollation::regcollation) ELSE '' END
+    INTO route_type, route_collation
+    FROM pg_attribute a WHERE a.attrelid = business AND a.attname = route_column;
+
+  -- The columns of idempotency.keys in its order (the C code reads both tables by the
+  -- same attribute numbers), then the route. Citus wants the distribution column in
+  -- every unique index: the primary key is (role, scope, key, route), whose prefix
+  -- finds a key whatever its route.
+  EXECUTE format($ddl$
+    CREATE TABLE idempotency.routed_keys (
+      role             @extschema@.idem_role NOT NULL,
+      attempt          integer     NOT NULL,
+      first_claimed_at timestamptz NOT NULL,
+      expires_at       timestamptz NOT NULL,
+      reap_slot        smallint    NOT NULL,
+      scope            text        COLLATE "C" NOT NULL,
+      key              @extschema@.idem_key NOT NULL,
+      fingerprint      bytea,
+      lease            interval,
+      checkpoint       text,
+      checkpoint_data  jsonb,
+      lease_expires_at timestamptz,
+      state            "char"      NOT NULL CHECK (state IN ('p', 'c', 'f', 'a')),
+      response         jsonb,
+      route            %s%s NOT NULL,
+      CONSTRAINT routed_keys_pkey PRIMARY KEY (role, scope, key, route)
+    ) WITH (fillfactor = 90)$ddl$, route_type, route_collation);
+  CREATE INDEX routed_keys_expires_at_idx ON idempotency.routed_keys (reap_slot, expires_at);
+  CREATE INDEX routed_keys_lease_expires_at_idx ON idempotency.routed_keys (lease_expires_at)
+    WHERE lease_expires_at IS NOT NULL;
+  CREATE INDEX routed_keys_leased_idx ON idempotency.routed_keys (role, first_claimed_at)
+    WHERE lease IS NOT NULL;
+  REVOKE ALL ON TABLE idempotency.routed_keys FROM PUBLIC;
+  PERFORM create_distributed_table('idempotency.routed_keys', 'route',
+                                   colocate_with => business::text);
+  PERFORM idempotency.distribute_key_functions(route_type);
+END $$;
+
+CREATE OR REPLACE FUNCTION idem_undistribute() RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+SET citus.multi_shard_modify_mode = 'sequential' AS $$
+BEGIN
+  IF to_regclass('idempotency.routed_keys') IS NULL THEN
+    RAISE EXCEPTION 'the key store is not distributed'
+      USING ERRCODE = 'object_not_in_prerequisite_state';
+  END IF;
+  -- (SELECT 1: Citus cannot plan a distributed subquery without columns.)
+  IF EXISTS (SELECT 1 FROM idempotency.routed_keys) THEN
+    RAISE EXCEPTION 'the distributed key store holds keys'
+      USING ERRCODE = 'object_not_in_prerequisite_state',
+            DETAIL = 'Undistributing would lose them: idempotency.keys has no routing value.',
+            HINT = 'Let the keys expire (idem_reap() on every node) or remove them (idem_forget) first.';
+  END IF;
+  DROP FUNCTION IF EXISTS @extschema@.idem_claim_routed, @extschema@.idem_once_routed,
+    @extschema@.idem_complete_routed, @extschema@.idem_fail_routed,
+    @extschema@.idem_release_routed, @extschema@.idem_checkpoint_routed,
+    @extschema@.idem_forget_routed, @extschema@.idem_lookup_routed;
+  DROP TABLE idempotency.routed_keys;
+END $$;
+
+-- A store distributed with 1.3 gets its twins here, on the coordinator, which
+-- distributes them (Citus runs this script on the workers afterwards).
+DO $$
+BEGIN
+  IF to_regclass('idempotency.routed_keys') IS NOT NULL
+     AND EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'citus') THEN
+    IF pg_catalog.citus_is_coordinator() THEN
+      PERFORM idempotency.distribute_key_functions(
+        (SELECT pg_catalog.format_type(a.atttypid, a.atttypmod) FROM pg_catalog.pg_attribute a
+         WHERE a.attrelid = 'idempotency.routed_keys'::regclass AND a.attname = 'route'));
+    END IF;
+  END IF;
+END $$;

@@ -6,10 +6,15 @@
 # each called
 #   coordinator: through the coordinator, which delegates the CALL to the worker that
 #                holds the account (one round trip for the client, one for Citus);
-#   worker:      on worker1 directly, for accounts whose shard it holds.
+#   worker:      on worker1 directly, for accounts whose shard it holds;
+#   block:       the transaction block of an application through the coordinator
+#                (BEGIN; idem_claim(..., route); INSERT; idem_complete(..., route);
+#                COMMIT), its key functions forwarded to the account's worker (1.4),
+#                against the same block without them (BEGIN; INSERT; COMMIT).
 # New keys, accounts spread over all shards, CLIENTS clients, interleaved rounds.
 # Not part of CI.
 #   test/bench/citus.sh                # PG_VERSION=18 ROUNDS=3 SECONDS_PER_RUN=10 CLIENTS=4
+#   PG_PREFIX=/path/to/18 test/bench/citus.sh   # an installation of one's own
 # Needs Citus for that PostgreSQL (scripts/citus.sh: a tarball in CITUS_TARBALL,
 # CITUS_SOURCE_DIR or the cache). Prints a Markdown table and writes
 # test/bench/results-citus-pgNN.md.
@@ -23,7 +28,7 @@ ROUNDS=${ROUNDS:-3}
 SECONDS_PER_RUN=${SECONDS_PER_RUN:-10}
 CLIENTS=${CLIENTS:-4}
 ensure_packages
-prefix=$(pg_prefix "$PG_VERSION")
+prefix=${PG_PREFIX:-$(pg_prefix "$PG_VERSION")}
 PG_BIN=$prefix/bin
 PG_CONFIG=$PG_BIN/pg_config
 export PATH="$PG_BIN:$PATH"
@@ -88,6 +93,21 @@ SELECT account FROM local_accounts WHERE i = :i \\gset
 CALL $procedure(('k' || :k || '-' || :client_id)::idem_key, :account, 10);
 SQL
 done
+cat >"$work/block_create_payment.sql" <<'SQL'
+\set account random(1, 100000)
+\set k random(1, 2000000000)
+BEGIN;
+SELECT outcome FROM idem_claim('payments', ('k' || :k || '-' || :client_id)::idem_key, route => :account::bigint);
+INSERT INTO payments(account, amount) VALUES (:account, 10);
+SELECT idem_complete('payments', ('k' || :k || '-' || :client_id)::idem_key, '{"paid": true}', route => :account::bigint);
+COMMIT;
+SQL
+cat >"$work/block_floor_payment.sql" <<'SQL'
+\set account random(1, 100000)
+BEGIN;
+INSERT INTO payments(account, amount) VALUES (:account, 10);
+COMMIT;
+SQL
 chmod 644 "$work"/*.sql
 
 # Distributed query executions Citus counted on all three nodes (each a statement it
@@ -121,7 +141,7 @@ median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 
 declare -A results
 for round in $(seq "$ROUNDS"); do
-  for where in coordinator worker; do
+  for where in coordinator worker block; do
     for procedure in floor_payment create_payment; do
       read -r tps latency failed per_call < <(run "$where" "$procedure")
       results[$where,$procedure]+="$tps $latency $failed $per_call"$'\n'
@@ -140,7 +160,7 @@ out=test/bench/results-citus-pg$PG_VERSION.md
   echo
   echo "| called | floor (no claim) TPS | ext (claim + complete) TPS | ext / floor | latency floor / ext ms | Citus executions per call, floor / ext |"
   echo "| --- | --- | --- | --- | --- | --- |"
-  for where in coordinator worker; do
+  for where in coordinator worker block; do
     floor=$(awk 'NF { print $1 }' <<<"${results[$where,floor_payment]}" | median)
     ext=$(awk 'NF { print $1 }' <<<"${results[$where,create_payment]}" | median)
     range() { awk 'NF { print $1 }' <<<"${results[$where,$1]}" | sort -n | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "%.0f-%.0f", lo, hi }'; }

@@ -6,7 +6,9 @@
 #
 #   (a) delegated CALLs, 4 concurrent duplicates per key: one payment and one key per key;
 #   (b) the CALL inside BEGIN ... COMMIT on the coordinator (Citus does not delegate
-#       it): IK006, nothing paid; retried delegated, paid once; and the other way round;
+#       it; its key functions are forwarded to the shard's node, 1.4): paid once;
+#       retried delegated, replays; and the other way round (025_citus_transactions.pl
+#       has the transaction blocks of applications);
 #   (c) every shard moved (block_writes), then every key of (a) retried: replays;
 #   (d) every shard moved back with logical replication while 4 clients pay, then
 #       every key retried: one payment per key, as many keys as paid accounts;
@@ -346,21 +348,19 @@ is(as_app(q{CALL create_payment('a-1', 1, 10);}),
 # (b) Transaction blocks on the coordinator
 # ---------------------------------------------------------------------------------
 
-# b: first in a block on the coordinator (not delegated: IK006, nothing paid), then
-# retried delegated (paid once).
+# b: first in a block on the coordinator (the procedure runs there, its key functions
+# on the shard's node through Citus), then retried delegated: replays.
 $stderr = try_as_app(calls_in_blocks('b', 1, $tx_keys, 1000, 20));
-is(scalar(() = $stderr =~ /ERROR:  the key's shard \d+ of the key store is on 127.0.0.1:\d+, not on this node/g),
-	$tx_keys, "(b) $tx_keys CALLs in transaction blocks on the coordinator: IK006 each");
-like($stderr, qr/HINT:  Call the procedure outside a transaction block/, '(b) with a hint');
-is(paid(1000, $tx_keys), "0|0|$tx_keys", '(b) and nothing paid');
+is($stderr, '', "(b) $tx_keys CALLs in transaction blocks on the coordinator: no error");
+is(paid(1000, $tx_keys), "$tx_keys|0|0", '(b) each paid exactly once');
 as_app(calls('b', 1, $tx_keys, 1000, 20));
-is(paid(1000, $tx_keys), "$tx_keys|0|0", "(b) retried delegated: each paid exactly once");
+is(paid(1000, $tx_keys), "$tx_keys|0|0", "(b) retried delegated: replays, each still paid once");
 
-# b2: first delegated, then retried in blocks on the coordinator: IK006, never twice.
+# b2: first delegated, then retried in blocks on the coordinator: replays, never twice.
 as_app(calls('b2', 1, $tx_keys, 2000, 30));
 $stderr = try_as_app(calls_in_blocks('b2', 1, $tx_keys, 2000, 30));
-my @other_errors = grep { /ERROR/ && !/the key's shard/ } split /\n/, $stderr;
-is(scalar @other_errors, 0, '(b2) retries in blocks: no error other than IK006')
+my @other_errors = grep { /ERROR/ } split /\n/, $stderr;
+is(scalar @other_errors, 0, '(b2) retries in blocks: no error')
   or diag(join "\n", @other_errors[0 .. ($#other_errors < 4 ? $#other_errors : 4)]);
 is(paid(2000, $tx_keys), "$tx_keys|0|0", "(b2) each of $tx_keys keys still paid exactly once");
 is(stored_keys('b') . ' ' . stored_keys('b2'), "$tx_keys|0 $tx_keys|0",

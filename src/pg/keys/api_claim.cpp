@@ -1,8 +1,10 @@
 // idem_claim and idem_once: claiming a key. Each checks its arguments, then the driver
 // looks at the key and the core (decide_claim, claim_fresh, claim_take_over) decides.
+#include "pg/citus/citus_forward.hpp"
 #include "pg/keys/arguments.hpp"
 #include "pg/keys/driver.hpp"
 #include "pg/common/errors.hpp"
+#include "pg/common/guc.hpp"
 #include "pg/keys/xact.hpp"
 
 extern "C" {
@@ -11,7 +13,9 @@ extern "C" {
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "catalog/pg_type.h"
+#include "executor/executor.h"
 #include "utils/builtins.h"
+#include "utils/lsyscache.h"
 #include "utils/typcache.h"
 }
 
@@ -119,6 +123,32 @@ static Step claim_step(ClaimAction action, const ClaimRequest& request, const Pr
   return step;
 }
 
+// A NULL ttl or wait forwarded as this session's default, not the other node's:
+// idempotency.default_ttl and wait_timeout set here hold there too.
+static void forward_defaults(FunctionCallInfo fcinfo, int ttl_arg, Interval* ttl, int wait_arg) {
+  NullableDatum* args = fcinfo->args;
+  if (args[ttl_arg].isnull) args[ttl_arg] = NullableDatum{PointerGetDatum(ttl), false};
+  if (args[wait_arg].isnull)
+    args[wait_arg] = NullableDatum{
+        PointerGetDatum(micros_interval(static_cast<int64>(settings.wait_timeout_ms) * 1000)),
+        false};
+}
+
+// On the node of its shard, through Citus; an in-transaction claim made there is
+// remembered here too, for IK002 at this transaction's COMMIT.
+static Datum forward_claim(FunctionCallInfo fcinfo, const ClaimRequest& request, Interval* ttl) {
+  forward_defaults(fcinfo, 3, ttl, 5);
+  bool isnull;
+  Datum result = citus_forward(fcinfo, 6, request.id.route.value, request.id.route.type, &isnull);
+  if (isnull) elog(ERROR, "a claim forwarded through Citus returned NULL");
+  bool outcome_null;
+  Datum outcome = GetAttributeByNum(DatumGetHeapTupleHeader(result), 1, &outcome_null);
+  if (request.in_transaction && !outcome_null &&
+      strcmp(TextDatumGetCString(outcome), "claimed") == 0)
+    remember_forwarded_claim(request.id, get_func_namespace(fcinfo->flinfo->fn_oid));
+  return result;
+}
+
 static Datum claim(FunctionCallInfo fcinfo) {
   ClaimRequest request;
   request.id = identity_arguments(fcinfo, 6);
@@ -129,6 +159,7 @@ static Datum claim(FunctionCallInfo fcinfo) {
   request.deadline = wait_deadline(fcinfo, 5, request.started);
   PreventCommandIfReadOnly("idem_claim()");
   request.in_transaction = lease == nullptr;
+  if (key_elsewhere(&request.id, fcinfo)) return forward_claim(fcinfo, request, ttl);
 
   KeyStore store;
   store_open(&store, store_for_key(&request.id), true);
@@ -188,6 +219,11 @@ static Datum once(FunctionCallInfo fcinfo) {
   Interval* ttl = ttl_argument(fcinfo, 2, request.started);
   request.deadline = wait_deadline(fcinfo, 3, request.started);
   PreventCommandIfReadOnly("idem_once()");
+  if (key_elsewhere(&request.id, fcinfo)) {
+    forward_defaults(fcinfo, 2, ttl, 3);
+    bool isnull;
+    return citus_forward(fcinfo, 4, request.id.route.value, request.id.route.type, &isnull);
+  }
 
   KeyStore store;
   store_open(&store, store_for_key(&request.id), true);

@@ -2,6 +2,7 @@
 // a key. Each checks its arguments, then the driver looks at the key (waiting for
 // another transaction's unwritten claim too) and the core (decide_finish, complete,
 // fail, checkpoint) decides.
+#include "pg/citus/citus_forward.hpp"
 #include "pg/keys/arguments.hpp"
 #include "pg/keys/driver.hpp"
 #include "pg/common/errors.hpp"
@@ -59,8 +60,16 @@ static Step finish_step(const FinishRequest& request, const Probe& probe, Timest
   return step;
 }
 
-static void finish(FinishRequest& request, const char* function) {
+// The route is the last argument.
+static void finish(FunctionCallInfo fcinfo, FinishRequest& request, const char* function) {
   PreventCommandIfReadOnly(function);
+  if (key_elsewhere(&request.id, fcinfo)) {
+    bool isnull;
+    (void)citus_forward(fcinfo, PG_NARGS() - 1, request.id.route.value, request.id.route.type,
+                        &isnull);
+    if (request.kind != Finish::kCheckpoint) note_forwarded_finish(request.id);
+    return;
+  }
   KeyStore store;
   store_open(&store, store_for_key(&request.id), true);
   Probe probe;
@@ -88,7 +97,7 @@ static Opaque stored_argument(FunctionCallInfo fcinfo, int n, const char* what) 
 static Datum complete_or_fail(FunctionCallInfo fcinfo, Finish kind) {
   FinishRequest request = finish_arguments(fcinfo, kind, 3);
   request.data = stored_argument(fcinfo, 2, kind == Finish::kComplete ? "response" : "error");
-  finish(request, kind == Finish::kComplete ? "idem_complete()" : "idem_fail()");
+  finish(fcinfo, request, kind == Finish::kComplete ? "idem_complete()" : "idem_fail()");
   PG_RETURN_VOID();
 }
 
@@ -99,7 +108,7 @@ static Datum fail_key(FunctionCallInfo fcinfo) { return complete_or_fail(fcinfo,
 
 static Datum release_key(FunctionCallInfo fcinfo) {
   FinishRequest request = finish_arguments(fcinfo, Finish::kRelease, 2);
-  finish(request, "idem_release()");
+  finish(fcinfo, request, "idem_release()");
   PG_RETURN_VOID();
 }
 
@@ -108,7 +117,7 @@ static Datum checkpoint_key(FunctionCallInfo fcinfo) {
   require_argument(fcinfo, 2, "point");
   request.point = stored_argument(fcinfo, 2, "checkpoint");
   request.data = stored_argument(fcinfo, 3, "checkpoint data");
-  finish(request, "idem_checkpoint()");
+  finish(fcinfo, request, "idem_checkpoint()");
   PG_RETURN_VOID();
 }
 
@@ -116,6 +125,12 @@ static Datum checkpoint_key(FunctionCallInfo fcinfo) {
 static Datum forget(FunctionCallInfo fcinfo) {
   Identity id = identity_arguments(fcinfo, 2);
   PreventCommandIfReadOnly("idem_forget()");
+  if (key_elsewhere(&id, fcinfo)) {
+    bool isnull;
+    Datum forgot = citus_forward(fcinfo, 2, id.route.value, id.route.type, &isnull);
+    note_forwarded_finish(id);
+    return forgot;
+  }
   KeyStore store;
   store_open(&store, store_for_key(&id), true);
   Probe probe;

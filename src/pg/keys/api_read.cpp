@@ -2,6 +2,7 @@
 // read-only transaction and on a hot standby.
 #include "pg/keys/arguments.hpp"
 #include "pg/keys/driver.hpp"
+#include "pg/citus/citus_forward.hpp"
 #include "pg/citus/citus_meta.hpp"
 #include "pg/common/errors.hpp"
 
@@ -23,6 +24,11 @@ static Datum lookup(FunctionCallInfo fcinfo) {
   Identity id = identity_arguments(fcinfo, 2);
   InitMaterializedSRF(fcinfo, 0);
   ReturnSetInfo* rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+  if (key_elsewhere(&id, fcinfo)) {
+    citus_forward_rows(fcinfo, 2, id.route.value, id.route.type, rsinfo->setResult,
+                       rsinfo->setDesc);
+    return (Datum)0;
+  }
 
   KeyStore store;
   store_open(&store, store_for_key(&id), false);

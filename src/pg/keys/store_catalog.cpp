@@ -3,6 +3,7 @@
 // Looked up once per backend and forgotten when the relcache says they changed.
 #include "pg/keys/store_catalog.hpp"
 #include "pg/common/open_relations.hpp"
+#include "pg/citus/citus_forward.hpp"
 #include "pg/citus/citus_meta.hpp"
 #include "pg/common/errors.hpp"
 
@@ -221,11 +222,21 @@ StoreOids store_for_key(Identity* id) {
                    route.shardid, citus_shard_node(route.shardid)),
             errdetail("A key is stored in the shard of its routing value, beside the business "
                       "rows of that value, and only where that shard is."),
-            errhint("Call the procedure outside a transaction block, distributed with "
-                    "create_distributed_function(..., distribution_arg_name => its routing "
-                    "argument, colocate_with => the business table), so that Citus runs it on "
-                    "the shard's node; after a shard move, retry."));
+            errhint("After a shard move, retry. Otherwise Citus could not run the call on the "
+                    "shard's node (a shard with replicas, or a node without Citus metadata): "
+                    "check the shard's placements with citus_shards."));
   return shard_oids(route.shardid, column.type);
+}
+
+bool key_elsewhere(Identity* id, FunctionCallInfo fcinfo) {
+  (void)store_oids();
+  Oid distributed = cached_distributed;
+  CitusColumn column;
+  if (!OidIsValid(distributed) || !id->route.given() || !citus_column(distributed, &column))
+    return false;  // store_for_key says what is wrong
+  coerce_route(&id->route, column);
+  CitusRoute route = citus_lock_route(distributed, id->route.value, column.type);
+  return !route.local && citus_may_forward(fcinfo);
 }
 
 int local_stores(StoreOids** stores) {

@@ -42,6 +42,13 @@ Oid distributed_store();
 //   would, else 42804; the shard on another node: IK006. Never idempotency.keys.
 StoreOids store_for_key(Identity* id);
 
+// Whether the call `fcinfo` on key `id` runs on another node: the store is distributed
+// and the shard of id.route (coerced as store_for_key does, and locked against moves
+// until the transaction ends) is not on this node, and Citus can take the call there
+// (citus_may_forward). The caller then forwards it (citus_forward) instead of opening
+// a store; otherwise store_for_key opens the store or says why it cannot.
+bool key_elsewhere(Identity* id, FunctionCallInfo fcinfo);
+
 // Every store on this node that holds keys, for scans (the reaper, idem_reap,
 // idem_stats, idem_abandoned): idempotency.keys, then routed_keys' local shards.
 // In the current memory context; returns how many.

@@ -6,6 +6,7 @@
 // undone by a rolled-back savepoint.
 #include "pg/keys/xact.hpp"
 
+#include "pg/citus/citus_forward.hpp"
 #include "pg/common/errors.hpp"
 #include "pg/keys/identity_lock.hpp"
 #include "pg/common/key_type.hpp"
@@ -13,6 +14,7 @@
 
 extern "C" {
 #include "access/xact.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 }
@@ -24,6 +26,12 @@ struct RememberedClaim {
   Identity id;               // copied into TopTransactionContext
   bool lease;                // a lease claim: may commit pending
   StoreOids store;           // where it is (a shard of the distributed store)
+  // Made on another node through Citus (citus_forward): that node's transaction knows
+  // it, this one only what it forwarded. The subtransaction of the forwarded finish
+  // that took it out of pending, else InvalidSubTransactionId.
+  bool forwarded;
+  SubTransactionId finished_in;
+  Oid schema;  // of the twins it was forwarded through
 };
 
 // An array rather than a List: a batch may claim 100,000 keys, and subtransaction
@@ -31,6 +39,7 @@ struct RememberedClaim {
 static RememberedClaim* claims;
 static int claim_count;
 static int claim_capacity;
+static int forwarded_count;  // of them, forwarded
 
 // The identity locks this transaction holds, each recorded as soon as it is taken
 // (nothing that can fail lies between), so that a subtransaction that aborts, with an
@@ -68,8 +77,25 @@ static T* grow(T* array, int count, int* capacity) {
 void remember_claim(const Identity& id, bool lease, const StoreOids& store) {
   claims = grow(claims, claim_count, &claim_capacity);
   claims[claim_count++] = RememberedClaim{GetCurrentSubTransactionId(),
-                                          copy_identity(id, TopTransactionContext), lease, store};
+                                          copy_identity(id, TopTransactionContext),
+                                          lease,
+                                          store,
+                                          false,
+                                          InvalidSubTransactionId,
+                                          InvalidOid};
   if (!lease) open_claims++;
+}
+
+void remember_forwarded_claim(const Identity& id, Oid schema) {
+  claims = grow(claims, claim_count, &claim_capacity);
+  claims[claim_count++] = RememberedClaim{GetCurrentSubTransactionId(),
+                                          copy_identity(id, TopTransactionContext),
+                                          false,
+                                          StoreOids{},
+                                          true,
+                                          InvalidSubTransactionId,
+                                          schema};
+  forwarded_count++;
 }
 
 void note_claim_finished() { open_claims--; }
@@ -84,6 +110,15 @@ static bool same_identity(const Identity& a, const Identity& b) {
          same_bytes(reinterpret_cast<struct varlena*>(a.scope),
                     reinterpret_cast<struct varlena*>(b.scope)) &&
          same_bytes(a.key, b.key);
+}
+
+void note_forwarded_finish(const Identity& id) {
+  for (int i = claim_count - 1; i >= 0 && forwarded_count > 0; i--)
+    if (claims[i].forwarded && claims[i].finished_in == InvalidSubTransactionId &&
+        same_identity(claims[i].id, id)) {
+      claims[i].finished_in = GetCurrentSubTransactionId();
+      return;
+    }
 }
 
 bool hold_identity_lock(const IdentityLock& lock, TimestampTz deadline) {
@@ -178,6 +213,7 @@ static void forget_claims() {
   saved_count = saved_capacity = 0;
   open_claims = 0;
   held_count = unwritten_count = 0;  // the transaction's end releases the identity locks
+  forwarded_count = 0;
 }
 
 [[noreturn]] static void raise_not_finished(const Identity& id);
@@ -191,16 +227,39 @@ static void raise_not_finished(const Identity& id) {
                   "with a lease for work that must commit before it finishes."));
 }
 
+// Raised here, before Citus commits the other node: there the same check fails that
+// node's COMMIT, which Citus reports as a WARNING and an XX000 when it commits one node
+// in one phase (transaction/transaction_management.c, CoordinatedTransactionCallback).
+// A claim no forwarded finish took out of pending may have been finished on its node
+// by a function Citus delegated there in this transaction: asked there (as its role
+// sees it: a claim made under another role counts as pending).
+static void check_forwarded_claims_finished() {
+  if (forwarded_count == 0) return;
+  for (int i = 0; i < claim_count; i++) {
+    const RememberedClaim& claim = claims[i];
+    if (!claim.forwarded || claim.finished_in != InvalidSubTransactionId) continue;
+    if (claim.id.role != GetUserId()) raise_not_finished(claim.id);
+    const char* state =
+        citus_forwarded_state(claim.schema, text_to_cstring(claim.id.scope),
+                              key_cstring(claim.id.key), claim.id.route.value, claim.id.route.type);
+    if (state != nullptr && strcmp(state, "pending") == 0) raise_not_finished(claim.id);
+  }
+}
+
 static void check_claims_finished() {
+  check_forwarded_claims_finished();
   if (claim_count == 0 || open_claims == 0) return;
   for (int i = 0; i < held_count; i++)
     if (held[i].claim != nullptr && held[i].written_in == InvalidSubTransactionId)
       raise_not_finished(held[i].claim->id);
   KeyStore store;
+  bool opened = false;
   for (int i = 0; i < claim_count; i++) {
-    if (i == 0 || claims[i].store.heap != store.oids.heap) {  // another shard (Citus)
-      if (i > 0) store_close(&store);
+    if (claims[i].forwarded) continue;
+    if (!opened || claims[i].store.heap != store.oids.heap) {  // another shard (Citus)
+      if (opened) store_close(&store);
       store_open(&store, claims[i].store, false);
+      opened = true;
     }
     Probe probe;
     // A dirty read sees this transaction's latest writes whatever the command id.
@@ -208,7 +267,7 @@ static void check_claims_finished() {
     if (probe.found && claimed_here(probe, claims[i].id) && !probe.view.lease_expires_at)
       raise_not_finished(claims[i].id);
   }
-  store_close(&store);
+  if (opened) store_close(&store);
 }
 
 static void on_transaction_event(XactEvent event, void*) {
@@ -267,8 +326,15 @@ static void on_subtransaction_event(SubXactEvent event, SubTransactionId mine,
     }
     if (!abort) drop_if_written_at_its_level(i);
   }
+  // A forwarded finish rolled back leaves its claim pending again (the other node
+  // rolls back to the same savepoint: Citus sends it).
+  for (int i = claim_count - 1; i >= 0 && forwarded_count > 0; i--)
+    if (claims[i].forwarded && claims[i].finished_in != InvalidSubTransactionId &&
+        claims[i].finished_in >= mine)
+      claims[i].finished_in = abort ? InvalidSubTransactionId : parent;
   while (claim_count > 0 && claims[claim_count - 1].subxact >= mine) {
     if (event == SUBXACT_EVENT_ABORT_SUB) {
+      if (claims[claim_count - 1].forwarded) forwarded_count--;
       claim_count--;
       continue;
     }

@@ -9,6 +9,15 @@ namespace idempotency {
 // store `store` until the transaction ends.
 void remember_claim(const Identity& id, bool lease, const StoreOids& store);
 
+// Remembers an in-transaction claim this transaction made on another node through
+// Citus (citus_forward), so that COMMIT and PREPARE raise IK002 here while it is
+// pending (before Citus commits that node, whose own check would come back as XX000).
+// `schema`: the extension's, where the key functions' twins are.
+void remember_forwarded_claim(const Identity& id, Oid schema);
+// Notes that a finish forwarded through Citus (complete, fail, release, forget) took
+// the forwarded claim on `id` out of pending.
+void note_forwarded_finish(const Identity& id);
+
 // Whether this transaction made a lease claim on `id` (rare, so a scan will do).
 bool made_lease_claim(const Identity& id);
 
