@@ -271,7 +271,8 @@ static Datum once_many(FunctionCallInfo fcinfo) {
   // What one key's look and write allocate is freed before the next key's.
   MemoryContext call = CurrentMemoryContext;
   MemoryContext per_key = AllocSetContextCreate(call, "idem_once_many key", ALLOCSET_DEFAULT_SIZES);
-  auto applied = static_cast<Datum*>(palloc0(count * sizeof(Datum)));  // false
+  // False where no key is decided: at every repeat of a key after its first position.
+  auto applied = static_cast<Datum*>(palloc0(count * sizeof(Datum)));
   for (int j = 0; j < distinct; j++) {
     int position = order[j];
     request.id.key = reinterpret_cast<struct varlena*>(DatumGetPointer(elements[position]));
