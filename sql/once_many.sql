@@ -217,6 +217,15 @@ SELECT pg_temp.pkey_scans() - :scans_before AS scans_for_a_batch_seen,
 COMMIT;
 SELECT count(*) AS keys, count(DISTINCT key) AS distinct_keys FROM idempotency.keys
   WHERE scope = 'mb-many';
+-- Inserting first into a key this transaction wrote: the row is taken back, the key
+-- found (false), and the next key looked at first.
+BEGIN;
+SELECT idem_once_many('mb-own', ARRAY['k1', 'k2']::idem_key[]) AS first;
+SELECT pg_temp.insertions() AS insertions_before \gset
+SELECT idem_once_many('mb-own', ARRAY['k3', 'k0', 'k2']::idem_key[]) AS second;
+SELECT pg_temp.insertions() - :insertions_before AS insertions_with_one_taken_back;
+COMMIT;
+SELECT key, state FROM idempotency.keys WHERE scope = 'mb-own' ORDER BY key;
 -- A batch that only finds its keys writes nothing and takes no transaction id.
 BEGIN;
 SELECT idem_once_many('mb-many', ARRAY['n-1', 'n-2']::idem_key[]) AS seen;
