@@ -274,6 +274,7 @@ static Datum once_many(FunctionCallInfo fcinfo) {
   // False where no key is decided: at every repeat of a key after its first position.
   auto applied = static_cast<Datum*>(palloc0(count * sizeof(Datum)));
   for (int j = 0; j < distinct; j++) {
+    CHECK_FOR_INTERRUPTS();  // a key inserted first is never looked at, which would check
     int position = order[j];
     request.id.key = reinterpret_cast<struct varlena*>(DatumGetPointer(elements[position]));
     MemoryContextSwitchTo(per_key);
