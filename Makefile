@@ -4,7 +4,7 @@ MODULE_big = idempotency
 DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql idempotency--1.1--1.2.sql idempotency--1.2--1.3.sql idempotency--1.3--1.4.sql \
        idempotency--1.2--1.4.sql
 
-CORE_OBJS = src/core/key.o src/core/canonical_json.o src/core/sha256.o src/core/key_state.o src/core/outbox.o
+CORE_OBJS = src/core/key.o src/core/canonical_json.o src/core/sha256.o src/core/key_state.o src/core/outbox.o src/core/batch.o
 # One folder per concern (src/pg/README.md): what they share, what the extension knows
 # of Citus, the key store, messaging, the background worker, and the module that
 # installs them into PostgreSQL.
@@ -28,12 +28,12 @@ endif
 
 EXTRA_CLEAN = $(EXTENSION)-*.tar.gz tmp_check_regress tmp_check_iso
 
-REGRESS = key_type claim unwritten own_window finish lease abandoned fingerprint fingerprint_vectors identity lock_secret bad_input hostile layout settings reaper outbox apply_version open_relations two_phase ddl_rollback schemas messages routing
+REGRESS = key_type claim unwritten own_window finish lease abandoned fingerprint fingerprint_vectors identity lock_secret bad_input hostile layout settings reaper outbox apply_version open_relations two_phase ddl_rollback schemas messages routing once_many
 # Each runs against a temporary instance of its own (as postgres, not root), with
 # the settings the tests need: `make installcheck` needs no running server.
 REGRESS_OPTS = --inputdir=. --temp-instance=tmp_check_regress --temp-config=test/regress.conf
 
-ISOLATION = claim_wait finish_wait once_race isolation_levels opposite_order lease_takeover reaper_wait emit_order emit_event_id relay_order apply_race index_descriptions deadlocks index_maintenance
+ISOLATION = claim_wait finish_wait once_race isolation_levels opposite_order lease_takeover reaper_wait emit_order emit_event_id relay_order apply_race index_descriptions deadlocks index_maintenance once_many_race
 ISOLATION_OPTS = --inputdir=test/isolation --outputdir=output_iso \
                  --temp-instance=tmp_check_iso --temp-config=test/regress.conf
 

@@ -361,15 +361,13 @@ END $$;
 -- on the extension's functions survive ALTER EXTENSION ... UPDATE.
 
 ------------------------------------------------------------------------------
--- Install notice (issue 36): on a server that did not preload the library, CREATE
--- EXTENSION (which runs 1.0 -> ... -> 1.4) and ALTER EXTENSION ... UPDATE say so.
--- The function is dropped again, so the catalog is as before; a later update
--- script that should say it too repeats these three lines.
+-- idem_once_many (issue 37): the batch inbox, idem_once for an array of message keys
+-- in one call. Granted to PUBLIC like idem_once (keys are per role).
+CREATE FUNCTION idem_once_many(scope text, keys idem_key[],
+    ttl interval DEFAULT NULL, wait interval DEFAULT NULL, route "any" DEFAULT NULL)
+  RETURNS boolean[] AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+
 ------------------------------------------------------------------------------
-CREATE FUNCTION idem_install_notice() RETURNS void
-  AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
-SELECT idem_install_notice();
-DROP FUNCTION idem_install_notice();
 -- Key functions anywhere in a Citus cluster, in the caller's transaction (SPEC v1.3,
 -- "Scale-out with Citus"): a key function called where its key's shard is not (a
 -- transaction block on the coordinator, say) runs on the shard's node through a twin,
@@ -395,6 +393,8 @@ BEGIN
       ('idem_claim', 'scope text, key @extschema@.idem_key, fingerprint bytea, ttl interval, '
                      'lease interval, wait interval', '@extschema@.idem_claim_result'),
       ('idem_once', 'scope text, key @extschema@.idem_key, ttl interval, wait interval', 'boolean'),
+      ('idem_once_many', 'scope text, keys @extschema@.idem_key[], ttl interval, wait interval',
+       'boolean[]'),
       ('idem_complete', 'scope text, key @extschema@.idem_key, response jsonb, attempt integer', 'void'),
       ('idem_fail', 'scope text, key @extschema@.idem_key, error jsonb, attempt integer', 'void'),
       ('idem_release', 'scope text, key @extschema@.idem_key, attempt integer', 'void'),
@@ -538,6 +538,7 @@ BEGIN
             HINT = 'Let the keys expire (idem_reap() on every node) or remove them (idem_forget) first.';
   END IF;
   DROP FUNCTION IF EXISTS @extschema@.idem_claim_routed, @extschema@.idem_once_routed,
+    @extschema@.idem_once_many_routed,
     @extschema@.idem_complete_routed, @extschema@.idem_fail_routed,
     @extschema@.idem_release_routed, @extschema@.idem_checkpoint_routed,
     @extschema@.idem_forget_routed, @extschema@.idem_lookup_routed;
@@ -557,3 +558,14 @@ BEGIN
     END IF;
   END IF;
 END $$;
+
+------------------------------------------------------------------------------
+-- Install notice (issue 36): on a server that did not preload the library, CREATE
+-- EXTENSION (which runs 1.0 -> ... -> 1.4) and ALTER EXTENSION ... UPDATE say so.
+-- The function is dropped again, so the catalog is as before; a later update
+-- script that should say it too repeats these three lines.
+------------------------------------------------------------------------------
+CREATE FUNCTION idem_install_notice() RETURNS void
+  AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+SELECT idem_install_notice();
+DROP FUNCTION idem_install_notice();

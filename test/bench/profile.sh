@@ -5,6 +5,7 @@
 #   PG_CONFIG=/path/to/bin/pg_config test/bench/profile.sh   # builds, installs, profiles
 #   PG_VERSION=18 test/bench/profile.sh          # a PostgreSQL of scripts/pg_versions.sh
 #   CALLS=2000 KEYS=20000 OUT=/tmp/profile test/bench/profile.sh
+#   ONLY=batch BATCH=100 BATCH_KEYS=20000 test/bench/profile.sh   # the batch inbox alone
 # Each scenario runs in a session of its own against a postmaster started under
 # callgrind: a warm-up (the session's caches, the first call's look-ups), then
 # `SELECT pg_sleep(0)`, before which callgrind zeroes its counters, then the measured
@@ -115,7 +116,42 @@ once_floor_ttl_session() {  # the same into floor_ttl_keys, which has an expiry 
   once_floor_session "$1" | sed 's/INTO floor_keys/INTO floor_ttl_keys/'
 }
 
+# The batch inbox (idem_once_many) and its floors, per key: batches of BATCH keys,
+# BATCH_KEYS keys in all, after a warm-up of 5 batches (test/bench/batch_lib.sh).
+. test/bench/batch_lib.sh
+BATCH=${BATCH:-100}
+BATCH_KEYS=${BATCH_KEYS:-20000}
+batch_session() {  # kind [half]
+  local b
+  echo "SELECT pg_backend_pid();"
+  echo "SET synchronous_commit = off;"
+  for b in $(seq 5); do batch_statement "$1" "$BATCH" "warm-$1-${2:-}" "$b" "${2:-}"; done
+  echo "CHECKPOINT;"
+  echo "SELECT pg_sleep(0);"
+  for b in $(seq $((BATCH_KEYS / BATCH))); do batch_statement "$1" "$BATCH" "$1-${2:-}" "$b" "${2:-}"; done
+}
 declare -A ir
+if [ "${ONLY:-}" = batch ]; then
+  for kind in many floor single; do
+    batch_session $kind >"$work/batch_$kind.sql"
+    ir[batch_$kind]=$(scenario "batch_$kind" "$work/batch_$kind.sql")
+    batch_session $kind half >"$work/batch_${kind}_half.sql"
+    ir[batch_${kind}_half]=$(scenario "batch_${kind}_half" "$work/batch_${kind}_half.sql")
+  done
+  per() { awk -v t="$1" -v n="$2" 'BEGIN { printf "%.0f", t / n }'; }
+  {
+    echo "| per key, batches of $BATCH | idem_once_many | floor (INSERT ... ON CONFLICT DO NOTHING RETURNING) | idem_once, one call each | floor / idem_once_many | idem_once / idem_once_many |"
+    echo "| --- | --- | --- | --- | --- | --- |"
+    for half in "" _half; do
+      m=$(per "${ir[batch_many$half]}" "$BATCH_KEYS") f=$(per "${ir[batch_floor$half]}" "$BATCH_KEYS")
+      s=$(per "${ir[batch_single$half]}" "$BATCH_KEYS")
+      echo "| ${half:+half already seen}${half:-new keys} | $m | $f | $s | $(awk -v a="$m" -v b="$f" 'BEGIN { printf "%.2f", b / a }') | $(awk -v a="$m" -v b="$s" 'BEGIN { printf "%.2f", b / a }') |"
+    done
+    echo
+    echo "PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}'), $BATCH_KEYS keys per scenario, synchronous_commit off; profiles in $OUT."
+  } | tee "$OUT/summary.md"
+  exit 0
+fi
 once_session 1 >"$work/once.sql"
 ir[once]=$(scenario once "$work/once.sql")
 once_floor_session 1 >"$work/once_floor.sql"

@@ -170,3 +170,10 @@ BEGIN
           idem_complete('payments', ('replay-' || g)::idem_key, jsonb_build_object('payment_id', g, 'amount', 10))
   FROM generate_series(1, 100000) g;
 END $$;
+
+-- The batch inbox's floor (idem_once_many; test/bench/batch.sh, profile.sh): a plain
+-- table with idempotency.keys' columns and indexes (the expiry index and the partial
+-- lease indexes included), holding the same rows, into which one
+-- INSERT ... SELECT unnest(keys) ... ON CONFLICT DO NOTHING RETURNING takes a batch.
+CREATE TABLE floor_many (LIKE idempotency.keys INCLUDING ALL) WITH (fillfactor = 90);
+INSERT INTO floor_many SELECT * FROM idempotency.keys;

@@ -116,6 +116,14 @@ $node->safe_psql('postgres', q{
   CREATE INDEX ON fuzz.keyed USING hash (key);
   INSERT INTO fuzz.keyed SELECT DISTINCT key, key_text FROM fuzz.requests;
   GRANT SELECT, INSERT, UPDATE, DELETE ON fuzz.requests, fuzz.keyed TO smith;
+  -- Arrays of keys, for idem_once_many: repeats, NULL elements, two dimensions, empty,
+  -- another lower bound.
+  CREATE TABLE fuzz.batches (scope text, keys idem_key[]);
+  INSERT INTO fuzz.batches VALUES
+    ('inbox', '{m-1,m-2,m-1}'), ('inbox', '{m-3,NULL}'), ('inbox', '{{m-4,m-5},{m-6,m-7}}'),
+    ('inbox', '{}'), ('inbox', '[0:1]={m-8,m-9}'), ('jobs', '{lease-1,abandoned-1,fresh-b}'),
+    (NULL, '{m-10}'), ('inbox', NULL);
+  GRANT SELECT, INSERT, UPDATE, DELETE ON fuzz.batches TO smith;
 
   CREATE FUNCTION fuzz.request_effect() RETURNS trigger LANGUAGE plpgsql AS $$
   DECLARE c idem_claim_result;

@@ -15,8 +15,8 @@
 #   (e) every shard split in two (block_writes and force_logical), then every key
 #       retried; (r) the rebalancer under load, then every key retried;
 #   (l) a lease claim moved with its shard and finished after the move; a stale lease
-#       taken over after a move; (o) idem_once under duplicates; (w) reaping on the
-#       workers, idem_stats; (k) a worker killed during load;
+#       taken over after a move; (o) idem_once and idem_once_many under duplicates;
+#       (w) reaping on the workers, idem_stats; (k) a worker killed during load;
 #   (i) IK002 raised when the worker commits, one-phase and two-phase;
 #   (v) bad input: a route of another type, none, a key with two routes (22023 in one
 #       shard; across shards a key in each), the store distributed twice, a business
@@ -538,6 +538,33 @@ $coordinator->pgbench('--no-vacuum --client=4 --jobs=2 --transactions=1', 0,
 is($coordinator->safe_psql('postgres', q{
 		SELECT count(*), count(DISTINCT message) FROM consumed}),
 	"$messages|$messages", "(o) each of $messages messages consumed exactly once");
+# idem_once_many (1.4) in a delegated function: an account's messages in batches of 10,
+# the batch's route its account's, 4 clients consuming the same batches.
+$coordinator->safe_psql('postgres', q{
+  CREATE FUNCTION consume_batch(p_messages idem_key[], p_account bigint) RETURNS integer
+    LANGUAGE plpgsql AS $$
+    DECLARE applied integer;
+    BEGIN
+      INSERT INTO consumed
+        SELECT p_account, u.m::text
+        FROM unnest(p_messages, idem_once_many('inbox-batch', p_messages, route => p_account))
+               AS u(m, first_time)
+        WHERE u.first_time;
+      GET DIAGNOSTICS applied = ROW_COUNT;
+      RETURN applied;
+    END $$;
+  SELECT create_distributed_function('consume_batch(idem_key[], bigint)', 'p_account',
+                                     colocate_with => 'payments');});
+$coordinator->pgbench('--no-vacuum --client=4 --jobs=2 --transactions=1', 0,
+	[qr{processed: 4/4}], [qr{^$}], "(o) 4 clients consume the same batches of messages",
+	{ 'idem_citus_o_batch' => join '', map {
+		my $account = $_;
+		# A literal array: Citus delegates a call whose arguments are constants.
+		"SELECT consume_batch('{" . join(',', map { "b-$account-$_" } 1 .. 10) . "}', $account);\n"
+	} 1 .. 20 });
+is($coordinator->safe_psql('postgres', q{
+		SELECT count(*), count(DISTINCT message) FROM consumed WHERE message LIKE 'b-%'}),
+	'200|200', '(o) each of 200 messages consumed exactly once in batches');
 
 # ---------------------------------------------------------------------------------
 # (w) Reaping on the workers, idem_stats

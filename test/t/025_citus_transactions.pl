@@ -16,7 +16,8 @@
 #   (w) the same block on a worker, for a shard of the other worker;
 #   (x) a business write that fails after the claim: nothing stored, the retry pays;
 #   (v) NULL routing values of any type: 22023; a mistyped one: 42804; idem_lookup,
-#       idem_once, idem_forget, idem_checkpoint and idem_release forwarded too;
+#       idem_once, idem_once_many, idem_forget, idem_checkpoint and idem_release
+#       forwarded too;
 #   (s) shard moves (block_writes, force_logical) during an open transaction block,
 #       the transaction first and the move first; a worker stopped between claim and
 #       COMMIT: per key a payment exactly when its key is completed, retries replay;
@@ -370,6 +371,14 @@ is(as_app(qq{BEGIN;
 is(as_app(qq{SELECT idem_once('payments', 'v-5', route => $acc1);
 		SELECT outcome FROM idem_claim('payments', 'v-5', route => $acc1)}),
 	"t\nreplay", '(v) idem_once on the coordinator outside a block, then a claim: replay');
+is(as_app(qq{BEGIN;
+		SELECT idem_once_many('inbox', '{m-1,m-2,m-1}', route => $acc1);
+		SELECT idem_once_many('inbox', '{m-2,m-3}', route => $acc1);
+		COMMIT;
+		SELECT idem_once_many('inbox', '{m-3,m-1}', route => $acc1);
+		SELECT idem_once('inbox', 'm-2', route => $acc1)}),
+	"{t,t,f}\n{f,t}\n{f,f}\nf",
+	'(v) idem_once_many in a block and after it: each message once, a repeat false');
 
 # The session's defaults go with a forwarded call: idempotency.default_ttl and
 # wait_timeout set on the coordinator hold on the worker.

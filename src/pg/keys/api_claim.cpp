@@ -1,5 +1,7 @@
-// idem_claim and idem_once: claiming a key. Each checks its arguments, then the driver
-// looks at the key and the core (decide_claim, claim_fresh, claim_take_over) decides.
+// idem_claim, idem_once and idem_once_many: claiming a key. Each checks its arguments, then
+// the driver looks at the key and the core (decide_claim, claim_fresh, claim_take_over)
+// decides.
+#include "core/batch.hpp"
 #include "pg/citus/citus_forward.hpp"
 #include "pg/keys/arguments.hpp"
 #include "pg/keys/driver.hpp"
@@ -14,8 +16,10 @@ extern "C" {
 #include "miscadmin.h"
 #include "catalog/pg_type.h"
 #include "executor/executor.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "utils/typcache.h"
 }
 
@@ -195,11 +199,12 @@ static Datum claim(FunctionCallInfo fcinfo) {
   }
 }
 
-// Whether this backend's last idem_once inserted its key. A batch consumer's message
-// ids are new, or, when a batch is delivered again, all seen: idem_once inserts first
-// after a call that inserted, and looks first after one that found its key. Only in
-// a transaction that already writes (it has a transaction id): one whose calls only
-// find their keys writes nothing and takes no transaction id, as any replay.
+// Whether this backend's last idem_once inserted its key (or idem_once_many its last
+// key). A batch consumer's message ids are new, or, when a batch is delivered again,
+// all seen: idem_once inserts first after a key that it inserted, and looks first after
+// one that it found. Only in a transaction that already writes (it has a transaction
+// id): one whose calls only find their keys writes nothing and takes no transaction
+// id, as any replay.
 static bool last_once_inserted = false;
 
 // Not in a shard of the distributed store, whose primary key also holds the route:
@@ -211,7 +216,26 @@ static Start once_start(const KeyStore& store) {
              : Start::kLook;
 }
 
-// Claims and completes in one write: a fresh key is inserted already completed.
+// idem_once of one key in an open store: true if it was applied now (claimed and
+// completed in one write: a fresh key is inserted already completed). IK005 for a
+// live lease, or once the wait for another transaction runs out at the deadline.
+static bool once_key(KeyStore* store, ClaimRequest& request, Interval* ttl) {
+  Probe probe;
+  Step step;
+  KeyLoop loop(store, request.id, request.deadline, once_start(*store));
+  while (loop.next(&probe)) {
+    TimestampTz now = GetCurrentTimestamp();
+    request.terms = claim_terms(std::nullopt, ttl, nullptr, now);
+    ClaimAction action = decide_claim(probe.found ? &probe.view : nullptr, std::nullopt, now);
+    if (action == ClaimAction::kInProgress) raise_in_progress(request.id);  // a live lease
+    step = claim_step(action, request, probe, now, true);
+    loop.apply(step);
+  }
+  last_once_inserted = !loop.timed_out() && step.kind == Step::kInsert && !probe.found;
+  if (loop.timed_out()) raise_in_progress(request.id);
+  return step.kind != Step::kStop;
+}
+
 static Datum once(FunctionCallInfo fcinfo) {
   ClaimRequest request{};
   request.id = identity_arguments(fcinfo, 4);
@@ -227,21 +251,85 @@ static Datum once(FunctionCallInfo fcinfo) {
 
   KeyStore store;
   store_open(&store, store_for_key(&request.id), true);
-  Probe probe;
-  Step step;
-  KeyLoop loop(&store, request.id, request.deadline, once_start(store));
-  while (loop.next(&probe)) {
-    TimestampTz now = GetCurrentTimestamp();
-    request.terms = claim_terms(std::nullopt, ttl, nullptr, now);
-    ClaimAction action = decide_claim(probe.found ? &probe.view : nullptr, std::nullopt, now);
-    if (action == ClaimAction::kInProgress) raise_in_progress(request.id);  // a live lease
-    step = claim_step(action, request, probe, now, true);
-    loop.apply(step);
+  bool applied = once_key(&store, request, ttl);
+  store_close(&store);
+  PG_RETURN_BOOL(applied);
+}
+
+// idem_once_many's keys: a one-dimensional array (or an empty one) without NULLs.
+static ArrayType* keys_argument(FunctionCallInfo fcinfo, int n) {
+  require_argument(fcinfo, n, "keys");
+  ArrayType* keys = PG_GETARG_ARRAYTYPE_P(n);
+  if (array_contains_nulls(keys)) {
+    const bits8* bitmap = ARR_NULLBITMAP(keys);  // a clear bit is a NULL
+    int position = 0;
+    while (bitmap[position / 8] & (1 << (position % 8))) position++;
+    if (ARR_NDIM(keys) == 1)
+      ereport(ERROR, errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("keys must not contain nulls"),
+              errdetail("keys[%d] is null.", ARR_LBOUND(keys)[0] + position));
+    ereport(ERROR, errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED), errmsg("keys must not contain nulls"));
+  }
+  if (ARR_NDIM(keys) > 1)
+    ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+            errmsg("keys must be a one-dimensional array"),
+            errdetail("It has %d dimensions.", ARR_NDIM(keys)));
+  return keys;
+}
+
+// idem_once of each key in array order, in one call: the arguments are checked and the
+// store opened once. The keys are taken in the order order_batch gives (src/core/batch),
+// each distinct key once; an error (IK005) fails the call, and its abort takes back what
+// the call wrote before it, so nothing of it is stored.
+static Datum once_many(FunctionCallInfo fcinfo) {
+  ArrayType* keys = keys_argument(fcinfo, 1);
+  ClaimRequest request{};
+  request.id = scope_arguments(fcinfo, 4);
+  request.started = GetCurrentTimestamp();
+  Interval* ttl = ttl_argument(fcinfo, 2, request.started);
+  request.deadline = wait_deadline(fcinfo, 3, request.started);  // for the whole call
+  PreventCommandIfReadOnly("idem_once_many()");
+
+  Datum* elements;
+  int count;
+  deconstruct_array(keys, ARR_ELEMTYPE(keys), -1, false, TYPALIGN_INT, &elements, nullptr, &count);
+  if (count == 0) PG_RETURN_ARRAYTYPE_P(construct_empty_array(BOOLOID));
+  if (key_elsewhere(&request.id, fcinfo)) {
+    forward_defaults(fcinfo, 2, ttl, 3);
+    bool isnull;
+    return citus_forward(fcinfo, 4, request.id.route.value, request.id.route.type, &isnull);
+  }
+
+  auto stored = static_cast<std::string_view*>(palloc(count * sizeof(std::string_view)));
+  for (int i = 0; i < count; i++) {
+    auto key = reinterpret_cast<struct varlena*>(DatumGetPointer(elements[i]));
+    stored[i] = std::string_view(VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key));
+  }
+  auto order = static_cast<int*>(palloc(count * sizeof(int)));
+  auto first = static_cast<int*>(palloc(count * sizeof(int)));
+  int distinct = order_batch(stored, count, order, first);
+
+  KeyStore store;
+  store_open(&store, store_for_key(&request.id), true);
+  // What one key's look and write allocate is freed before the next key's.
+  MemoryContext call = CurrentMemoryContext;
+  MemoryContext per_key = AllocSetContextCreate(call, "idem_once_many key", ALLOCSET_DEFAULT_SIZES);
+  // False where no key is decided: at every repeat of a key after its first position.
+  auto applied = static_cast<Datum*>(palloc0(count * sizeof(Datum)));
+  for (int j = 0; j < distinct; j++) {
+    CHECK_FOR_INTERRUPTS();  // a key inserted first is never looked at, which would check
+    int position = order[j];
+    request.id.key = reinterpret_cast<struct varlena*>(DatumGetPointer(elements[position]));
+    MemoryContextSwitchTo(per_key);
+    applied[position] = BoolGetDatum(once_key(&store, request, ttl));
+    MemoryContextSwitchTo(call);
+    MemoryContextReset(per_key);
   }
   store_close(&store);
-  last_once_inserted = !loop.timed_out() && step.kind == Step::kInsert && !probe.found;
-  if (loop.timed_out()) raise_in_progress(request.id);
-  PG_RETURN_BOOL(step.kind != Step::kStop);
+  MemoryContextDelete(per_key);
+
+  int lower_bound = ARR_LBOUND(keys)[0];  // applied[i] answers keys[i]
+  PG_RETURN_ARRAYTYPE_P(construct_md_array(applied, nullptr, 1, &count, &lower_bound, BOOLOID, 1,
+                                           true, TYPALIGN_CHAR));
 }
 
 }  // namespace idempotency
@@ -250,3 +338,4 @@ using namespace idempotency;
 
 IDEM_SQL_FUNCTION(idem_claim, claim)
 IDEM_SQL_FUNCTION(idem_once, once)
+IDEM_SQL_FUNCTION(idem_once_many, once_many)

@@ -33,8 +33,14 @@ text* name_argument(FunctionCallInfo fcinfo, int n, const char* name) {
 Identity identity_arguments(FunctionCallInfo fcinfo, int route_arg) {
   require_argument(fcinfo, 0, "scope");
   require_argument(fcinfo, 1, "key");
+  Identity id = scope_arguments(fcinfo, route_arg);
+  id.key = PG_GETARG_VARLENA_PP(1);
+  return id;
+}
+
+Identity scope_arguments(FunctionCallInfo fcinfo, int route_arg) {
   text* scope = name_argument(fcinfo, 0, "scope");
-  Identity id{GetUserId(), scope, PG_GETARG_VARLENA_PP(1), Route{}};
+  Identity id{GetUserId(), scope, nullptr, Route{}};
   if (PG_NARGS() > route_arg && !PG_ARGISNULL(route_arg)) {  // absent before 1.3
     id.route.type = get_fn_expr_argtype(fcinfo->flinfo, route_arg);
     if (!OidIsValid(id.route.type))

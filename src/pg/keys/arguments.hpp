@@ -21,6 +21,8 @@ void require_argument(FunctionCallInfo fcinfo, int n, const char* name);
 // calling role, and from 1.3 argument `route_arg` (the last), the routing value, of
 // any type (checked against the store by store_for_key); NULL or absent: none.
 Identity identity_arguments(FunctionCallInfo fcinfo, int route_arg);
+// The same without a key (idem_once_many, whose argument 1 is an array of them).
+Identity scope_arguments(FunctionCallInfo fcinfo, int route_arg);
 // A name of 1 to 255 bytes (a topic, aggregate, relay or entity); NULL is 22004.
 text* name_argument(FunctionCallInfo fcinfo, int n, const char* name);
 // A listing's max_rows: not NULL, not negative.
