@@ -92,7 +92,7 @@ is($coordinator->safe_psql('postgres', q{
 		SELECT count(*) FROM pg_dist_object o JOIN pg_proc p ON p.oid = o.objid
 		WHERE p.proname LIKE 'idem\_%\_routed' AND o.force_delegation
 		  AND o.distribution_argument_index = p.pronargs - 1}),
-	'8', 'idem_distribute distributed the 8 routed twins, by their route, force-delegated');
+	'9', 'idem_distribute distributed the 9 routed twins, by their route, force-delegated');
 is($coordinator->safe_psql('postgres', q{
 		SELECT count(*) FROM citus_shards
 		WHERE table_name = 'idempotency.routed_keys'::regclass AND nodeport <> }
@@ -574,13 +574,13 @@ is(join(',', map { on_upgraded($_, q{SELECT extversion FROM pg_extension WHERE e
 is(on_upgraded($coordinator, q{
 		SELECT count(*) FROM pg_dist_object o JOIN pg_proc p ON p.oid = o.objid
 		WHERE p.proname LIKE 'idem\_%\_routed' AND o.force_delegation}),
-	'8', '(u) the update made and distributed the 8 twins');
+	'9', '(u) the update made and distributed the 9 twins');
 is(join(',', map { on_upgraded($_, q{
 		SELECT count(*) || '/' || count(*) FILTER (WHERE EXISTS (
 		         SELECT FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass
 		         AND d.objid = p.oid AND d.deptype = 'e'))
 		FROM pg_proc p WHERE p.proname LIKE 'idem\_%\_routed'}) } @nodes),
-	'8/0,8/0,8/0', '(u) on every node, none of them a member of the extension (as idem_distribute makes them)');
+	'9/0,9/0,9/0', '(u) on every node, none of them a member of the extension (as idem_distribute makes them)');
 my $u_blocks = join('', map {
 	sprintf("BEGIN;\nCALL create_payment('u-%d', %d, 40);\nCOMMIT;\n", $_, $_) } 1 .. 2 * $u_keys);
 on_upgraded($coordinator, $u_blocks, extra_params => [ '-U', 'app' ]);
