@@ -37,6 +37,8 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use FindBin;
+use lib "$FindBin::RealBin/lib";
+use IdemCheck;
 use IPC::Run;
 
 my $want_citus = $ENV{IDEM_CITUS} // '';
@@ -850,20 +852,7 @@ cmp_ok($memory_lines[-1] - $memory_lines[2], '<', 8192,
 # (m) amcheck on every shard of the store
 # ---------------------------------------------------------------------------------
 
-for my $worker (@workers) {
-	my $checked = $worker->safe_psql('postgres', q{
-		SET citus.override_table_visibility = off;
-		SELECT count(bt_index_parent_check(c.oid, true))
-		FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
-		WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relname ~ '^routed_keys.*_[0-9]+$'
-		  AND substring(c.relname from '_([0-9]+)$')::bigint IN (
-		        SELECT shardid FROM pg_dist_placement
-		        WHERE groupid = (SELECT groupid FROM pg_dist_local_group))});
-	my $shards = $coordinator->safe_psql('postgres', sprintf(q{
-		SELECT count(*) FROM citus_shards
-		WHERE table_name = 'idempotency.routed_keys'::regclass AND nodeport = %d}, $worker->port));
-	is($checked, 4 * $shards, $worker->name . ": amcheck passed on the 4 indexes of each of its $shards shards");
-}
+IdemCheck::amcheck_routed_keys($coordinator, @workers);
 
 # ---------------------------------------------------------------------------------
 # (g) The store distributed by hand: refused, never written node-locally

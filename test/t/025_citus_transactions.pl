@@ -31,6 +31,8 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use FindBin;
+use lib "$FindBin::RealBin/lib";
+use IdemCheck;
 
 my $want_citus = $ENV{IDEM_CITUS} // '';
 my $pkglibdir = `pg_config --pkglibdir`;
@@ -525,20 +527,7 @@ check_key($s, $account_k, '(s) worker killed, then retried');
 # (m) amcheck on every shard of the store
 # ---------------------------------------------------------------------------------
 
-for my $worker (@workers) {
-	my $checked = $worker->safe_psql('postgres', q{
-		SET citus.override_table_visibility = off;
-		SELECT count(bt_index_parent_check(c.oid, true))
-		FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
-		WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relname ~ '^routed_keys.*_[0-9]+$'
-		  AND substring(c.relname from '_([0-9]+)$')::bigint IN (
-		        SELECT shardid FROM pg_dist_placement
-		        WHERE groupid = (SELECT groupid FROM pg_dist_local_group))});
-	my $shards = $coordinator->safe_psql('postgres', sprintf(q{
-		SELECT count(*) FROM citus_shards
-		WHERE table_name = 'idempotency.routed_keys'::regclass AND nodeport = %d}, $worker->port));
-	is($checked, 4 * $shards, $worker->name . ": amcheck passed on the 4 indexes of each of its $shards shards");
-}
+IdemCheck::amcheck_routed_keys($coordinator, @workers);
 
 # ---------------------------------------------------------------------------------
 # (u) A store distributed with 1.3, updated to 1.4

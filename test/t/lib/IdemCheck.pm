@@ -52,4 +52,26 @@ sub amcheck_messaging {
 	}
 }
 
+# On each worker of a Citus cluster, bt_index_parent_check (heapallindexed) on the 4
+# indexes of every shard of the distributed key store placed there, one test per worker;
+# the coordinator counts the shards each should have.
+sub amcheck_routed_keys {
+	my ($coordinator, @workers) = @_;
+	for my $worker (@workers) {
+		my $checked = $worker->safe_psql('postgres', q{
+			SET citus.override_table_visibility = off;
+			SELECT count(bt_index_parent_check(c.oid, true))
+			FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
+			WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relname ~ '^routed_keys.*_[0-9]+$'
+			  AND substring(c.relname from '_([0-9]+)$')::bigint IN (
+			        SELECT shardid FROM pg_dist_placement
+			        WHERE groupid = (SELECT groupid FROM pg_dist_local_group))});
+		my $shards = $coordinator->safe_psql('postgres', sprintf(q{
+			SELECT count(*) FROM citus_shards
+			WHERE table_name = 'idempotency.routed_keys'::regclass AND nodeport = %d}, $worker->port));
+		is($checked, 4 * $shards,
+			$worker->name . ": amcheck passed on the 4 indexes of each of its $shards shards");
+	}
+}
+
 1;
