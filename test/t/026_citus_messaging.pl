@@ -8,11 +8,14 @@
 #       one event per payment), and in transaction blocks on the coordinator from 4
 #       concurrent clients on the same aggregates: each event in the shard of its
 #       route, beside its payment, none node-local; seq gapless per aggregate; an
-#       event id given twice stores one event; a rolled-back block stores none;
+#       event id given twice (and by 4 clients at once) stores one event; a
+#       rolled-back block stores none;
 #   (a) idem_apply_version with a route, in a block on the coordinator and in a
 #       delegated procedure: applied once per version, older versions skipped;
 #   (v) no route: 22023; a mistyped one: 42804; the relay functions: 0A000;
-#   (m) a shard moved: its events and counters go with it, seq continues gapless;
+#   (w) a block on a worker, for a shard of the other worker: forwarded there;
+#   (m) a shard moved (block_writes, then back in logical mode): its events and
+#       counters go with it, seq continues gapless;
 #   (k) amcheck on every shard of the routed messaging tables.
 #
 # Needs Citus installed in the PostgreSQL under test, like 017_citus.pl (IDEM_CITUS).
@@ -188,6 +191,21 @@ is(query(q{SELECT count(*) FROM payments}), 7 * $accounts, '(e) blocks: 4 more p
 is(seq_check(), "$accounts|$accounts|" . 7 * $accounts, '(e) blocks: seq 1..7 gapless per aggregate, one event per payment');
 is(placement(), 7 * $accounts . '|0', '(e) every event in the shard of its route, beside its payments; none node-local');
 
+# 4 clients emitting the same event ids at once (one per account, with its aggregate):
+# one event per id, each taking one seq.
+$coordinator->pgbench(
+	'--no-vacuum --client=4 --jobs=2 --transactions=1 --username=app',
+	0, [qr{processed: 4/4}], [qr{^$}],
+	"(e) 4 clients x $accounts blocks emitting the same event ids: no error",
+	{ 'idem_msg_dup' => join('', map { qq{BEGIN;
+SELECT idem_emit('payment.created', '{"dup": true}', 'account-$_', event_id => 'dup-$_', route => $_);
+COMMIT;
+} } 1 .. $accounts) });
+is(query(q{SELECT count(*) || '|' || count(DISTINCT event_id) || '|' || min(seq) || '|' || max(seq)
+           FROM idempotency.routed_outbox WHERE event_id::text LIKE 'dup-%'}),
+	"$accounts|$accounts|8|8", '(e) 4 duplicates of each event id: one event each, seq 8');
+is(seq_check(), "$accounts|$accounts|" . 8 * $accounts, '(e) still gapless per aggregate');
+
 # An event id given twice (in one block, and again in another): one event. A block
 # rolled back: none, and its seq is not taken.
 as_app(q{BEGIN;
@@ -199,11 +217,11 @@ as_app(q{BEGIN;
 	SELECT idem_emit('payment.created', '{"rolled": "back"}', 'account-2', route => 2);
 	ROLLBACK;});
 is(query(q{SELECT string_agg(payload::text || ':' || seq, ',') FROM idempotency.routed_outbox WHERE event_id = 'twice-1'}),
-	'{"twice": 1}:8', '(e) an event id given three times: the first event, once');
+	'{"twice": 1}:9', '(e) an event id given three times: the first event, once');
 is(query(q{SELECT count(*) FROM idempotency.routed_outbox WHERE payload ? 'rolled'}), '0',
 	'(e) a rolled-back block stores no event');
 as_app(q{SELECT idem_emit('payment.created', '{"after": "rollback"}', 'account-2', route => 2)});
-is(seq_check(), "$accounts|$accounts|" . (7 * $accounts + 2), '(e) and takes no seq: still gapless');
+is(seq_check(), "$accounts|$accounts|" . (8 * $accounts + 2), '(e) and takes no seq: still gapless');
 
 # Without an aggregate: no seq.
 as_app(q{SELECT idem_emit('account.touched', '{}', route => 3)});
@@ -264,10 +282,40 @@ query(qq{SELECT citus_move_shard_placement($shard, '127.0.0.1', $from_port, '127
 is(query(qq{SELECT nodeport FROM citus_shards WHERE shardid = $shard}), $to_port, '(m) the shard of account 1 moved');
 as_app(join("\n", map { "CALL pay_and_emit('m-$_', $_, 9);" } 1 .. $accounts));
 as_app(join("\n", map { "BEGIN; SELECT idem_emit('payment.created', '{}', 'account-$_', route => $_); COMMIT;" } 1 .. $accounts));
-is(seq_check(), "$accounts|$accounts|" . (9 * $accounts + 2), '(m) after the move: seq still gapless per aggregate');
-is(query(q{SELECT max(seq) FROM idempotency.routed_outbox WHERE aggregate = 'account-1'}), '10',
+is(seq_check(), "$accounts|$accounts|" . (10 * $accounts + 2), '(m) after the move: seq still gapless per aggregate');
+is(query(q{SELECT max(seq) FROM idempotency.routed_outbox WHERE aggregate = 'account-1'}), '11',
 	'(m) account 1 continues its sequence on the node its shard moved to');
-is(placement(), 9 * $accounts + 3 . '|0', '(m) every event in the shard of its route');
+is(placement(), 10 * $accounts + 3 . '|0', '(m) every event in the shard of its route');
+# Back, in logical mode.
+query(qq{SELECT citus_move_shard_placement($shard, '127.0.0.1', $to_port, '127.0.0.1', $from_port,
+	                                     shard_transfer_mode => 'force_logical')});
+is(query(qq{SELECT nodeport FROM citus_shards WHERE shardid = $shard}), $from_port, '(m) moved back in logical mode');
+as_app(join("\n", map { "BEGIN; SELECT idem_emit('payment.created', '{}', 'account-$_', route => $_); COMMIT;" } 1 .. $accounts));
+is(seq_check(), "$accounts|$accounts|" . (11 * $accounts + 2), '(m) after the logical move: seq still gapless per aggregate');
+is(query(q{SELECT max(seq) FROM idempotency.routed_outbox WHERE aggregate = 'account-1'}), '12',
+	'(m) account 1 continues its sequence back on its first node');
+is(placement(), 11 * $accounts + 3 . '|0', '(m) every event in the shard of its route');
+
+# ---------------------------------------------------------------------------------
+# (w) A transaction block on a worker, for a shard of the other worker
+# ---------------------------------------------------------------------------------
+
+my $acc_w = query(sprintf(q{
+	SELECT min(a) FROM generate_series(1001, 2000) a
+	WHERE (SELECT nodeport FROM citus_shards s
+	       WHERE s.shardid = get_shard_id_for_distribution_column('payments', a::bigint)) = %d},
+	$worker2->port));
+is($worker1->safe_psql('postgres', qq{BEGIN;
+	SELECT idem_emit('from.worker', '{}', 'account-$acc_w', event_id => 'w-1', route => $acc_w);
+	SELECT idem_apply_version('balances', 'account-$acc_w', 1, route => $acc_w);
+	INSERT INTO payments(account, amount) VALUES ($acc_w, 1);
+	COMMIT;}, extra_params => [ '-U', 'app' ]), "w-1\nt", '(w) a block on worker1 emits and applies for a shard of worker2');
+# A router query by route reads only the route's shard, which is on worker2.
+is(query(qq{SELECT count(*) FROM idempotency.routed_outbox WHERE route = $acc_w AND event_id = 'w-1' AND seq = 1}),
+	'1', '(w) the event is stored in the shard of its route (on worker2), with seq 1');
+my $w_local = 0;
+$w_local += $_->safe_psql('postgres', q{SELECT count(*) FROM idempotency.outbox}) for @nodes;
+is($w_local, 0, '(w) and nowhere node-local');
 
 # ---------------------------------------------------------------------------------
 # (k) amcheck on every shard of the routed messaging tables
