@@ -14,6 +14,7 @@
 #       delegated procedure: applied once per version, older versions skipped;
 #   (v) no route: 22023; a mistyped one: 42804; the relay functions: 0A000;
 #   (w) a block on a worker, for a shard of the other worker: forwarded there;
+#   (r) expired applied versions reaped by idem_reap on each worker, from its shards;
 #   (m) a shard moved (block_writes, then back in logical mode): its events and
 #       counters go with it, seq continues gapless;
 #   (k) amcheck on every shard of the routed messaging tables.
@@ -316,6 +317,23 @@ is(query(qq{SELECT count(*) FROM idempotency.routed_outbox WHERE route = $acc_w 
 my $w_local = 0;
 $w_local += $_->safe_psql('postgres', q{SELECT count(*) FROM idempotency.outbox}) for @nodes;
 is($w_local, 0, '(w) and nowhere node-local');
+
+# ---------------------------------------------------------------------------------
+# (r) Expired applied versions are reaped from the shards, on their nodes
+# ---------------------------------------------------------------------------------
+
+as_app(join("\n", map { "SELECT idem_apply_version('ttl', 'account-$_', 1, ttl => '1 millisecond', route => $_);" } 1 .. $accounts));
+is(query(q{SELECT count(*) FROM idempotency.routed_applied_versions WHERE scope = 'ttl'}), $accounts,
+	"(r) $accounts applied versions with a ttl of 1 ms");
+my ($reaped, $left) = (0, -1);
+for (1 .. 100) {
+	$reaped += $_->safe_psql('postgres', 'SELECT idem_reap()') for @workers;
+	$left = query(q{SELECT count(*) FROM idempotency.routed_applied_versions WHERE scope = 'ttl'});
+	last if $left == 0;
+}
+is("$left|$reaped", "0|$accounts", '(r) idem_reap on each worker removed them from its shards, and only them');
+is(query(q{SELECT count(*) FROM idempotency.routed_applied_versions WHERE scope = 'balances'}), '3',
+	'(r) the live records are kept');
 
 # ---------------------------------------------------------------------------------
 # (k) amcheck on every shard of the routed messaging tables

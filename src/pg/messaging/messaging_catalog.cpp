@@ -129,6 +129,25 @@ static ColumnSpec* with_route(const ColumnSpec* columns, int count, Oid route_ty
   return all;
 }
 
+int local_applied_shards(AppliedShard** shards) {
+  *shards = nullptr;
+  Oid applied = extension_relation("routed_applied_versions");
+  if (!OidIsValid(applied)) return 0;
+  int64* shardids;
+  int count = citus_local_shards(applied, &shardids);
+  *shards = static_cast<AppliedShard*>(palloc(sizeof(AppliedShard) * Max(count, 1)));
+  int found = 0;
+  for (int i = 0; i < count; i++) {
+    // A placement whose table is not here (yet, or any more): nothing to reap in it.
+    Oid heap = extension_relation(psprintf("routed_applied_versions_" INT64_FORMAT, shardids[i]));
+    if (!OidIsValid(heap)) continue;
+    (*shards)[found++] =
+        AppliedShard{heap, shard_relation("routed_applied_versions_pkey", shardids[i]),
+                     shard_relation("routed_applied_versions_expires_at_idx", shardids[i])};
+  }
+  return found;
+}
+
 bool messaging_target(FunctionCallInfo fcinfo, int route_arg, const char* function,
                       MessagingTarget* target, Route* route) {
   *route = Route{};

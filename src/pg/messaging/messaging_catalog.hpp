@@ -80,6 +80,16 @@ struct Route;  // pg/keys/key_row.hpp
 bool messaging_target(FunctionCallInfo fcinfo, int route_arg, const char* function,
                       MessagingTarget* target, Route* route);
 
+// This node's shards of idempotency.routed_applied_versions (a distributed store),
+// for the reaper: heap, primary key and expires_at index of each, in the current
+// memory context; returns how many (none when the store is not distributed).
+struct AppliedShard {
+  Oid applied;
+  Oid applied_pkey;
+  Oid applied_expires;
+};
+int local_applied_shards(AppliedShard** shards);
+
 // The messaging tables, or null when the database's extension is still at 1.0. A
 // copy: opening a relation accepts invalidations, which clear the cache.
 bool messaging_oids(MessagingOids* oids);
