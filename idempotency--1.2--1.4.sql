@@ -404,7 +404,11 @@ BEGIN
       ('idem_lookup', 'scope text, key @extschema@.idem_key',
        'TABLE(state text, response jsonb, attempt integer, checkpoint text, '
        'checkpoint_data jsonb, first_claimed_at timestamptz, expires_at timestamptz, '
-       'lease_expires_at timestamptz)')) AS t(name, params, returns)
+       'lease_expires_at timestamptz)'),
+      ('idem_emit', 'topic text, payload jsonb, aggregate text, headers jsonb, '
+                    'event_id @extschema@.idem_key', '@extschema@.idem_key'),
+      ('idem_apply_version', 'scope text, entity text, version bigint, ttl interval', 'boolean'))
+    AS t(name, params, returns)
   LOOP
     EXECUTE format('CREATE FUNCTION @extschema@.%I(%s, route %s) RETURNS %s AS %L, %L LANGUAGE C',
                    f.name || '_routed', f.params, route_type, f.returns, 'MODULE_PATHNAME', f.name);
@@ -520,6 +524,7 @@ BEGIN
   PERFORM create_distributed_table('idempotency.routed_keys', 'route',
                                    colocate_with => business::text);
   PERFORM idempotency.distribute_key_functions(route_type);
+  PERFORM idempotency.distribute_messaging();
 END $$;
 
 CREATE OR REPLACE FUNCTION idem_undistribute() RETURNS void
@@ -537,12 +542,165 @@ BEGIN
             DETAIL = 'Undistributing would lose them: idempotency.keys has no routing value.',
             HINT = 'Let the keys expire (idem_reap() on every node) or remove them (idem_forget) first.';
   END IF;
+  IF to_regclass('idempotency.routed_outbox') IS NOT NULL
+     AND (EXISTS (SELECT 1 FROM idempotency.routed_outbox)
+          OR EXISTS (SELECT 1 FROM idempotency.routed_applied_versions)) THEN
+    RAISE EXCEPTION 'the distributed outbox or applied versions hold rows'
+      USING ERRCODE = 'object_not_in_prerequisite_state',
+            DETAIL = 'Undistributing would lose them: the node-local tables have no routing value.',
+            HINT = 'Delete them from idempotency.routed_outbox and '
+                   'idempotency.routed_applied_versions first, once consumed.';
+  END IF;
   DROP FUNCTION IF EXISTS @extschema@.idem_claim_routed, @extschema@.idem_once_routed,
     @extschema@.idem_once_many_routed,
     @extschema@.idem_complete_routed, @extschema@.idem_fail_routed,
     @extschema@.idem_release_routed, @extschema@.idem_checkpoint_routed,
-    @extschema@.idem_forget_routed, @extschema@.idem_lookup_routed;
+    @extschema@.idem_forget_routed, @extschema@.idem_lookup_routed,
+    @extschema@.idem_emit_routed, @extschema@.idem_apply_version_routed;
+  DROP TABLE IF EXISTS idempotency.routed_outbox, idempotency.routed_outbox_aggregates,
+    idempotency.routed_applied_versions;
   DROP TABLE idempotency.routed_keys;
+END $$;
+
+------------------------------------------------------------------------------
+-- Messaging on a distributed store (issue 34, first step): idem_emit and
+-- idem_apply_version take a routing value, as the key functions do, and write to
+-- routed copies of the outbox, the aggregates' counters and the applied versions,
+-- co-located with the business table (made by idem_distribute, or by
+-- idempotency.distribute_messaging() for a store distributed with 1.3), or forward to
+-- the shard's node through their twins. The relay functions are not served over the
+-- shards yet: with a distributed store they raise 0A000.
+------------------------------------------------------------------------------
+
+-- The routed messaging tables: each the node-local table's columns in its order (the
+-- C code reads both by the same attribute numbers), then the route of routed_keys'
+-- type and collation; every unique index holds the route (Citus wants it), and the
+-- role is an idem_role (moved by name, as in routed_keys).
+CREATE FUNCTION idempotency.distribute_messaging() RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
+SET citus.multi_shard_modify_mode = 'sequential' AS $$
+DECLARE
+  route_type text;
+  route_collation text;
+BEGIN
+  IF NOT citus_is_coordinator() THEN
+    RAISE EXCEPTION 'idempotency.distribute_messaging runs on the Citus coordinator'
+      USING ERRCODE = 'object_not_in_prerequisite_state';
+  END IF;
+  IF to_regclass('idempotency.routed_keys') IS NULL THEN
+    RAISE EXCEPTION 'the key store is not distributed'
+      USING ERRCODE = 'object_not_in_prerequisite_state',
+            HINT = 'idem_distribute(business table) distributes the store and the messaging tables.';
+  END IF;
+  IF to_regclass('idempotency.routed_outbox') IS NOT NULL THEN
+    RETURN;
+  END IF;
+  SELECT format_type(a.atttypid, a.atttypmod),
+         CASE WHEN a.attcollation <> 0 THEN format(' COLLATE %s', a.attcollation::regcollation) ELSE '' END
+    INTO route_type, route_collation
+    FROM pg_attribute a
+    WHERE a.attrelid = 'idempotency.routed_keys'::regclass AND a.attname = 'route';
+  EXECUTE format($ddl$
+    CREATE TABLE idempotency.routed_outbox (
+      event_id         @extschema@.idem_key NOT NULL,
+      position         bigint      NOT NULL,
+      topic            text        COLLATE "C" NOT NULL,
+      aggregate        text        COLLATE "C",
+      seq              bigint,
+      payload          jsonb       NOT NULL,
+      headers          jsonb,
+      emitted_at       timestamptz NOT NULL,
+      state            "char"      NOT NULL CHECK (state IN ('p', 'd', 'x')),
+      attempt          integer     NOT NULL,
+      relay            text,
+      lease_expires_at timestamptz,
+      delivered_at     timestamptz,
+      reason           text,
+      route            %1$s%2$s NOT NULL,
+      CONSTRAINT routed_outbox_pkey PRIMARY KEY (event_id, route)
+    ) WITH (fillfactor = 80);
+    CREATE TABLE idempotency.routed_outbox_aggregates (
+      topic     text   COLLATE "C" NOT NULL,
+      aggregate text   COLLATE "C" NOT NULL,
+      last_seq  bigint NOT NULL,
+      route     %1$s%2$s NOT NULL,
+      CONSTRAINT routed_outbox_aggregates_pkey PRIMARY KEY (topic, aggregate, route)
+    );
+    CREATE TABLE idempotency.routed_applied_versions (
+      role       @extschema@.idem_role NOT NULL,
+      expires_at timestamptz NOT NULL,
+      version    bigint      NOT NULL,
+      scope      text        COLLATE "C" NOT NULL,
+      entity     text        COLLATE "C" NOT NULL,
+      route      %1$s%2$s NOT NULL,
+      CONSTRAINT routed_applied_versions_pkey PRIMARY KEY (role, scope, entity, route)
+    )$ddl$, route_type, route_collation);
+  CREATE INDEX routed_outbox_pending_idx ON idempotency.routed_outbox (position)
+    WHERE state = 'p';
+  CREATE INDEX routed_outbox_dead_idx ON idempotency.routed_outbox (position) WHERE state = 'x';
+  CREATE INDEX routed_outbox_delivered_idx ON idempotency.routed_outbox (delivered_at)
+    WHERE state = 'd';
+  CREATE INDEX routed_applied_versions_expires_at_idx
+    ON idempotency.routed_applied_versions (expires_at);
+  REVOKE ALL ON TABLE idempotency.routed_outbox, idempotency.routed_outbox_aggregates,
+    idempotency.routed_applied_versions FROM PUBLIC;
+  PERFORM create_distributed_table('idempotency.routed_outbox', 'route',
+                                   colocate_with => 'idempotency.routed_keys');
+  PERFORM create_distributed_table('idempotency.routed_outbox_aggregates', 'route',
+                                   colocate_with => 'idempotency.routed_keys');
+  PERFORM create_distributed_table('idempotency.routed_applied_versions', 'route',
+                                   colocate_with => 'idempotency.routed_keys');
+END $$;
+REVOKE ALL ON FUNCTION idempotency.distribute_messaging() FROM PUBLIC;
+
+-- idem_emit and idem_apply_version get a last parameter, route "any" DEFAULT NULL:
+-- made again (a new signature), with the grants of the old ones carried over by exact
+-- signature, and only from the extension's own functions.
+SELECT pg_catalog.set_config('idem_upgrade.messaging_acls', COALESCE(pg_catalog.jsonb_object_agg(
+         f.new_signature, COALESCE((SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_array(
+                                              a.grantee, a.is_grantable))
+                                    FROM pg_catalog.aclexplode(p.proacl) a
+                                    WHERE a.privilege_type = 'EXECUTE'), '[]')
+       )::text, '{}'), true)
+FROM (VALUES
+  ('@extschema@.idem_emit(text, jsonb, text, jsonb, @extschema@.idem_key)',
+   '@extschema@.idem_emit(text, jsonb, text, jsonb, @extschema@.idem_key, "any")'),
+  ('@extschema@.idem_apply_version(text, text, bigint, interval)',
+   '@extschema@.idem_apply_version(text, text, bigint, interval, "any")')
+) AS f(old_signature, new_signature)
+JOIN pg_catalog.pg_proc p ON p.oid = pg_catalog.to_regprocedure(f.old_signature)
+JOIN pg_catalog.pg_depend d
+  ON d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND d.objid = p.oid AND d.deptype = 'e'
+ AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+ AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e WHERE e.extname = 'idempotency')
+WHERE p.proacl IS NOT NULL;
+
+DROP FUNCTION idem_emit(text, jsonb, text, jsonb, idem_key);
+CREATE FUNCTION idem_emit(topic text, payload jsonb, aggregate text DEFAULT NULL,
+                          headers jsonb DEFAULT NULL, event_id idem_key DEFAULT NULL,
+                          route "any" DEFAULT NULL)
+  RETURNS idem_key AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+DROP FUNCTION idem_apply_version(text, text, bigint, interval);
+CREATE FUNCTION idem_apply_version(scope text, entity text, version bigint,
+                                   ttl interval DEFAULT NULL, route "any" DEFAULT NULL)
+  RETURNS boolean AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+
+DO $$
+DECLARE
+  acls jsonb := pg_catalog.current_setting('idem_upgrade.messaging_acls')::jsonb;
+  signature text;
+  grant_entry jsonb;
+BEGIN
+  FOR signature IN SELECT pg_catalog.jsonb_object_keys(acls) LOOP
+    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', signature);
+    FOR grant_entry IN SELECT pg_catalog.jsonb_array_elements(acls -> signature) LOOP
+      EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s%s', signature,
+        CASE WHEN (grant_entry ->> 0)::oid = 0 THEN 'PUBLIC'
+             ELSE (SELECT pg_catalog.quote_ident(r.rolname) FROM pg_catalog.pg_roles r
+                   WHERE r.oid = (grant_entry ->> 0)::oid) END,
+        CASE WHEN (grant_entry ->> 1)::boolean THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+  END LOOP;
 END $$;
 
 -- A store distributed with 1.3 gets its twins here, on the coordinator, which

@@ -302,8 +302,8 @@ CREATE ROLE regress_idem_producer;
 CREATE ROLE regress_idem_relay;
 CREATE ROLE regress_idem_mallory;
 SELECT p AS function, has_function_privilege('regress_idem_producer', p, 'EXECUTE') AS executable
-FROM unnest(ARRAY['idem_emit(text,jsonb,text,jsonb,idem_key)',
-                  'idem_apply_version(text,text,bigint,interval)',
+FROM unnest(ARRAY['idem_emit(text,jsonb,text,jsonb,idem_key,"any")',
+                  'idem_apply_version(text,text,bigint,interval,"any")',
                   'idem_outbox_claim(text,integer,interval,text[])',
                   'idem_outbox_ack(text,idem_key[])',
                   'idem_outbox_dead(text,idem_key[],text)',
@@ -314,7 +314,7 @@ SET ROLE regress_idem_mallory;
 SELECT idem_emit('priv', '{"forged": true}', 'account-1', event_id => 'priv-1');
 \echo :LAST_ERROR_SQLSTATE
 RESET ROLE;
-GRANT EXECUTE ON FUNCTION idem_emit(text, jsonb, text, jsonb, idem_key) TO regress_idem_producer;
+GRANT EXECUTE ON FUNCTION idem_emit(text, jsonb, text, jsonb, idem_key, "any") TO regress_idem_producer;
 SET ROLE regress_idem_producer;
 SELECT idem_emit('priv', '{"n": 1}', event_id => 'priv-1');
 SELECT idem_apply_version('priv', 'entity', 1);
@@ -340,7 +340,7 @@ SELECT idem_outbox_ack('relay-p', '{priv-1}') AS acked;
 RESET ROLE;
 REVOKE EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text[]),
   idem_outbox_ack(text, idem_key[]) FROM regress_idem_relay;
-REVOKE EXECUTE ON FUNCTION idem_emit(text, jsonb, text, jsonb, idem_key) FROM regress_idem_producer;
+REVOKE EXECUTE ON FUNCTION idem_emit(text, jsonb, text, jsonb, idem_key, "any") FROM regress_idem_producer;
 DELETE FROM idempotency.applied_versions WHERE scope = 'priv';
 DROP ROLE regress_idem_producer;
 DROP ROLE regress_idem_relay;
@@ -481,3 +481,8 @@ SELECT count(*) AS events, count(DISTINCT aggregate) AS aggregates, max(seq) AS 
 DELETE FROM idempotency.outbox;
 DELETE FROM idempotency.outbox_aggregates;
 DELETE FROM idempotency.applied_versions;
+-- (1.4) A routing value is for a store distributed with Citus (idem_distribute): on one
+-- node it is refused, and nothing is stored.
+SELECT idem_emit('routed', '{}', 'agg', route => 42);
+SELECT idem_apply_version('routed', 'entity', 1, route => 42);
+SELECT count(*) FROM idempotency.outbox WHERE topic = 'routed';

@@ -211,11 +211,11 @@ is($node->safe_psql('from11', q{
 
 # Emitting is a privilege now: PUBLIC's grant is gone, and a grant gives it back.
 is($node->safe_psql('from11', q{SELECT has_function_privilege('upgrade_producer',
-  'idem_emit(text,jsonb,text,jsonb,idem_key)', 'EXECUTE')}), 'f', '1.2 revokes PUBLIC\'s grant of idem_emit');
+  'idem_emit(text,jsonb,text,jsonb,idem_key,"any")', 'EXECUTE')}), 'f', '1.2 revokes PUBLIC\'s grant of idem_emit');
 ($status, $out, $err) = $node->psql('from11', q{SELECT idem_emit('order.paid', '{"n": 3}', 'order-11')},
 	extra_params => [ '-U', 'upgrade_producer', '-v', 'VERBOSITY=verbose' ]);
 like($err, qr/42501.*permission denied for function idem_emit/s, 'a role without the grant gets 42501');
-$node->safe_psql('from11', q{GRANT EXECUTE ON FUNCTION idem_emit(text, jsonb, text, jsonb, idem_key) TO upgrade_producer});
+$node->safe_psql('from11', q{GRANT EXECUTE ON FUNCTION idem_emit TO upgrade_producer});
 is($node->safe_psql('from11', q{SELECT idem_emit('order.paid', '{"n": 3}', 'order-11', event_id => 'ev-3')},
 	extra_params => [ '-U', 'upgrade_producer' ]), 'ev-3', 'and with the grant it emits');
 
@@ -300,7 +300,8 @@ JOIN pg_proc p ON p.oid = m.objid
 JOIN pg_depend d ON d.refclassid = 'pg_proc'::regclass AND d.refobjid = p.oid AND d.deptype = 'n'
 WHERE x.extname = 'idempotency'
   AND p.proname IN ('idem_claim', 'idem_complete', 'idem_fail', 'idem_release', 'idem_checkpoint',
-                    'idem_once', 'idem_forget', 'idem_lookup', 'idem_abandoned', 'idem_stats')
+                    'idem_once', 'idem_forget', 'idem_lookup', 'idem_abandoned', 'idem_stats',
+                    'idem_emit', 'idem_apply_version')
 ORDER BY 1, 2};
 is($node->safe_psql('from12', qq{SELECT string_agg(dependent || ' uses ' || uses, E'\\n' ORDER BY dependent, uses::text)
   FROM ($dependents) found}),
@@ -420,6 +421,23 @@ is($node->safe_psql('from13', q{SELECT order_state('o-2')}), 'completed',
 	'and the BEGIN ATOMIC function over idem_claim and idem_lookup');
 is($node->safe_psql('from13', $catalog), $fresh,
 	'the database updated from 1.3 has exactly the objects of a fresh 1.4 install');
+
+# From 1.3, idem_emit and idem_apply_version are made again with a route (messaging on
+# a Citus cluster): their grants follow them.
+$node->safe_psql('postgres', 'CREATE DATABASE from13_grants');
+$node->safe_psql('from13_grants', q{
+  CREATE EXTENSION idempotency VERSION '1.3';
+  CREATE ROLE producer13;
+  GRANT EXECUTE ON FUNCTION idem_emit(text, jsonb, text, jsonb, idem_key) TO producer13 WITH GRANT OPTION;
+  REVOKE EXECUTE ON FUNCTION idem_apply_version(text, text, bigint, interval) FROM PUBLIC;});
+$node->safe_psql('from13_grants', 'ALTER EXTENSION idempotency UPDATE');
+is($node->safe_psql('from13_grants', q{
+  SELECT string_agg(p.oid::regprocedure || ' ' || CASE WHEN p.proacl IS NULL THEN 'PUBLIC' ELSE
+                      coalesce((SELECT string_agg(a.grantee::regrole || ':' || a.is_grantable, ',' ORDER BY a.grantee::regrole::text)
+                                FROM aclexplode(p.proacl) a WHERE a.grantee <> p.proowner), 'owner') END, ' ' ORDER BY p.proname)
+  FROM pg_proc p WHERE p.proname IN ('idem_emit', 'idem_apply_version')}),
+	'idem_apply_version(text,text,bigint,interval,"any") owner idem_emit(text,jsonb,text,jsonb,idem_key,"any") producer13:true',
+	'1.3 -> 1.4: the grants of idem_emit and idem_apply_version are carried to their new signatures');
 
 $node->stop;
 done_testing();

@@ -94,7 +94,7 @@ is($coordinator->safe_psql('postgres', q{
 		SELECT count(*) FROM pg_dist_object o JOIN pg_proc p ON p.oid = o.objid
 		WHERE p.proname LIKE 'idem\_%\_routed' AND o.force_delegation
 		  AND o.distribution_argument_index = p.pronargs - 1}),
-	'9', 'idem_distribute distributed the 9 routed twins, by their route, force-delegated');
+	'11', 'idem_distribute distributed the 11 routed twins (9 key functions, idem_emit, idem_apply_version), by their route, force-delegated');
 is($coordinator->safe_psql('postgres', q{
 		SELECT count(*) FROM citus_shards
 		WHERE table_name = 'idempotency.routed_keys'::regclass AND nodeport <> }
@@ -563,13 +563,13 @@ is(join(',', map { on_upgraded($_, q{SELECT extversion FROM pg_extension WHERE e
 is(on_upgraded($coordinator, q{
 		SELECT count(*) FROM pg_dist_object o JOIN pg_proc p ON p.oid = o.objid
 		WHERE p.proname LIKE 'idem\_%\_routed' AND o.force_delegation}),
-	'9', '(u) the update made and distributed the 9 twins');
+	'11', '(u) the update made and distributed the 11 twins');
 is(join(',', map { on_upgraded($_, q{
 		SELECT count(*) || '/' || count(*) FILTER (WHERE EXISTS (
 		         SELECT FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass
 		         AND d.objid = p.oid AND d.deptype = 'e'))
 		FROM pg_proc p WHERE p.proname LIKE 'idem\_%\_routed'}) } @nodes),
-	'9/0,9/0,9/0', '(u) on every node, none of them a member of the extension (as idem_distribute makes them)');
+	'11/0,11/0,11/0', '(u) on every node, none of them a member of the extension (as idem_distribute makes them)');
 my $u_blocks = join('', map {
 	sprintf("BEGIN;\nCALL create_payment('u-%d', %d, 40);\nCOMMIT;\n", $_, $_) } 1 .. 2 * $u_keys);
 on_upgraded($coordinator, $u_blocks, extra_params => [ '-U', 'app' ]);
@@ -579,6 +579,18 @@ is(on_upgraded($coordinator, sprintf(q{
 	2 * $u_keys . '|0', "(u) the $u_keys keys stored under 1.3 replay in blocks, $u_keys new ones pay once");
 is(on_upgraded($coordinator, q{SELECT count(*) FROM idempotency.routed_keys WHERE state = 'c'}),
 	2 * $u_keys, '(u) and every key is kept or stored');
+
+# Messaging on the store distributed with 1.3: its routed tables come from
+# idempotency.distribute_messaging(), which the error says to run.
+($out, $err) = ('', '');
+$coordinator->psql('upgraded', "\\set VERBOSITY verbose\nSELECT idem_emit('t', '{}', 'a-1', route => 1)",
+	stdout => \$out, stderr => \$err);
+like($err, qr/55000: the key store is distributed, but its messaging tables are not.*HINT:  Run SELECT idempotency.distribute_messaging\(\);/s,
+	'(u) idem_emit with a route before the messaging tables are distributed: 55000, with the way');
+on_upgraded($coordinator, 'SELECT idempotency.distribute_messaging()');
+on_upgraded($coordinator, q{BEGIN; SELECT idem_emit('t', '{}', 'a-1', route => 1); COMMIT;});
+is(on_upgraded($coordinator, q{SELECT count(*) || '|' || max(seq) FROM idempotency.routed_outbox}),
+	'1|1', '(u) after idempotency.distribute_messaging(): the event is stored in its shard');
 
 $_->stop for @nodes;
 done_testing();

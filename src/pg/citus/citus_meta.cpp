@@ -3,6 +3,7 @@
 // local_group}.h.
 #include "pg/citus/citus_meta.hpp"
 #include "pg/common/errors.hpp"
+#include "pg/common/open_relations.hpp"
 
 #include <algorithm>
 
@@ -90,12 +91,7 @@ void forget(Datum, Oid relid) {
   invalidations++;
 }
 
-void register_callback() {
-  static bool registered = false;
-  if (registered) return;
-  CacheRegisterRelcacheCallback(forget, 0);
-  registered = true;
-}
+void register_callback() { on_relcache_invalidation(forget); }
 
 // Scans `catalog` through `index` for rows whose `attno` equals `value` (an int8 when
 // `int8`, else an OID), calling `row` for each.

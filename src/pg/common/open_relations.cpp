@@ -157,11 +157,7 @@ void open_indexes(ResultRelInfo* result_rel) {
   auto infos = static_cast<IndexInfo**>(palloc(count * sizeof(IndexInfo*)));
   for (int i = 0; i < count; i++) infos[i] = describe(relations[i]);
   if (for_session) {
-    static bool callback_registered = false;
-    if (!callback_registered) {
-      CacheRegisterRelcacheCallback(forget_descriptions, 0);
-      callback_registered = true;
-    }
+    on_relcache_invalidation(forget_descriptions);
     auto d = static_cast<IndexDescriptions*>(palloc(sizeof(IndexDescriptions)));
     *d = IndexDescriptions{own, RelationGetRelid(heap), list_copy(indexes), infos, true};
     MemoryContextSwitchTo(CacheMemoryContext);
@@ -212,6 +208,23 @@ const char* looked_up_as(Oid oid) {
   return nullptr;
 }
 }  // namespace
+
+constexpr int kRelcacheCallbacks = 8;
+static void (*relcache_callbacks[kRelcacheCallbacks])(Datum, Oid);
+static int relcache_callback_count;
+
+static void call_relcache_callbacks(Datum arg, Oid relid) {
+  for (int i = 0; i < relcache_callback_count; i++) relcache_callbacks[i](arg, relid);
+}
+
+void on_relcache_invalidation(void (*callback)(Datum, Oid)) {
+  for (int i = 0; i < relcache_callback_count; i++)
+    if (relcache_callbacks[i] == callback) return;
+  if (relcache_callback_count == kRelcacheCallbacks)
+    elog(ERROR, "out of the idempotency library's relcache callback slots");
+  if (relcache_callback_count == 0) CacheRegisterRelcacheCallback(call_relcache_callbacks, 0);
+  relcache_callbacks[relcache_callback_count++] = callback;
+}
 
 Oid extension_relation(const char* name) {
   Oid schema = get_namespace_oid("idempotency", true);

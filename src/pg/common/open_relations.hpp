@@ -31,6 +31,12 @@ struct IndexWriter {
 };
 IndexWriter index_writer_for_transaction(Relation heap);
 
+// Calls `callback` on every relcache invalidation, as CacheRegisterRelcacheCallback
+// would, through one registration for the whole library: a backend has 10 such slots
+// for all its libraries (inval.c MAX_RELCACHE_CALLBACKS), and Citus takes most of them.
+// A callback given again is not added twice.
+void on_relcache_invalidation(void (*callback)(Datum, Oid));
+
 // The OID of the extension's relation `name` in schema idempotency, or InvalidOid;
 // remembered with (a copy of) its name, for open_current.
 Oid extension_relation(const char* name);

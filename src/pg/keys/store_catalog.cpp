@@ -86,7 +86,7 @@ const StoreOids& store_oids() {
   if (OidIsValid(cached_oids.heap)) return cached_oids;
   if (!callback_registered) {
     (void)citus_preloaded();  // worked out here, not inside the callback
-    CacheRegisterRelcacheCallback(forget_oids, 0);
+    on_relcache_invalidation(forget_oids);
     callback_registered = true;
   }
   auto relation = extension_relation;
@@ -226,6 +226,17 @@ StoreOids store_for_key(Identity* id) {
                     "shard's node (a shard with replicas, or a node without Citus metadata): "
                     "check the shard's placements with citus_shards."));
   return shard_oids(route.shardid, column.type);
+}
+
+CitusRoute routed_shard(Oid table, Route* route) {
+  CitusColumn column;
+  if (!citus_column(table, &column))
+    ereport(ERROR, errcode(ERRCODE_IDEM_NOT_LOCAL),
+            errmsg("this node has no Citus metadata for %s", get_rel_name(table)),
+            errhint("Call on the coordinator or on a worker with Citus metadata "
+                    "(citus_add_node syncs it)."));
+  coerce_route(route, column);
+  return citus_lock_route(table, route->value, column.type);
 }
 
 bool key_elsewhere(Identity* id, FunctionCallInfo fcinfo) {

@@ -2,6 +2,7 @@
 // store_scans.cpp), and the lock secret (callers reach it through store.hpp).
 #pragma once
 
+#include "pg/citus/citus_meta.hpp"
 #include "pg/keys/key_row.hpp"
 
 extern "C" {
@@ -48,6 +49,12 @@ StoreOids store_for_key(Identity* id);
 // (citus_may_forward). The caller then forwards it (citus_forward) instead of opening
 // a store; otherwise store_for_key opens the store or says why it cannot.
 bool key_elsewhere(Identity* id, FunctionCallInfo fcinfo);
+
+// The shard of the extension's distributed table `table` (routed_keys or one
+// co-located with it) that holds `route`, which becomes a value of the distribution
+// column's type as in store_for_key (else 42804), locked against moves until the
+// transaction ends (citus_lock_route). IK006 where this node has no Citus metadata.
+CitusRoute routed_shard(Oid table, Route* route);
 
 // Every store on this node that holds keys, for scans (the reaper, idem_reap,
 // idem_stats, idem_abandoned): idempotency.keys, then routed_keys' local shards.

@@ -3,7 +3,9 @@
 // One call at a time per (role, scope, entity): the record this transaction writes
 // is its own until it ends (keyed_write.hpp), so the next call waits and sees it.
 #include "core/outbox.hpp"
+#include "pg/citus/citus_forward.hpp"
 #include "pg/keys/arguments.hpp"
+#include "pg/keys/key_row.hpp"
 #include "pg/common/errors.hpp"
 #include "pg/keys/identity_lock.hpp"
 #include "pg/messaging/keyed_write.hpp"
@@ -44,29 +46,42 @@ static Datum apply_version(FunctionCallInfo fcinfo) {
   Interval* ttl = ttl_argument(fcinfo, 3, now);
   PreventCommandIfReadOnly("idem_apply_version()");
 
-  refuse_with_distributed_store("idem_apply_version");
-  MessagingOids oids = required_messaging_oids();
+  MessagingTarget target;
+  Route route;
+  if (!messaging_target(fcinfo, 4, "idem_apply_version", &target, &route)) {
+    // A NULL ttl forwarded as this session's default, not the other node's.
+    fcinfo->args[3] = NullableDatum{PointerGetDatum(ttl), false};
+    bool isnull;
+    return citus_forward(fcinfo, 4, route.value, route.type, &isnull);
+  }
+  const MessagingOids& oids = target.oids;
   Oid role = GetUserId();
   Table applied;
   open_table(&applied, oids.applied, true);
-  ScanKeyData keys[3];
+  ScanKeyData keys[4];
   ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_OIDEQ, ObjectIdGetDatum(role));
   ScanKeyEntryInitialize(&keys[1], 0, 2, BTEqualStrategyNumber, InvalidOid, C_COLLATION_OID,
                          F_TEXTEQ, PointerGetDatum(scope));
   ScanKeyEntryInitialize(&keys[2], 0, 3, BTEqualStrategyNumber, InvalidOid, C_COLLATION_OID,
                          F_TEXTEQ, PointerGetDatum(entity));
   namespace col = applied_column;
-  Datum values[col::kCount] = {ObjectIdGetDatum(role), TimestampTzGetDatum(plus(now, ttl)),
-                               Int64GetDatum(version), PointerGetDatum(scope),
-                               PointerGetDatum(entity)};
-  bool nulls[col::kCount] = {};
+  // In a shard of routed_applied_versions, the entity's record is (role, scope,
+  // entity, route)'s.
+  if (target.routed)
+    ScanKeyInit(&keys[3], 4, BTEqualStrategyNumber, target.applied_route_eq,  // pkey's 4th
+                target.route);
+  Datum values[col::kCount + 1] = {ObjectIdGetDatum(role),  TimestampTzGetDatum(plus(now, ttl)),
+                                   Int64GetDatum(version),  PointerGetDatum(scope),
+                                   PointerGetDatum(entity), target.route};
+  bool nulls[col::kCount + 1] = {};
   bool apply = false;
   LOCKTAG lock =
       messaging_lock(MessagingLock::kAppliedEntity,
                      {std::string_view(reinterpret_cast<const char*>(&role), sizeof(role)),
                       bytes_of(scope), bytes_of(entity)},
                      store_lock_secret());
-  KeyedLoop loop(&applied, oids.applied_pkey, keys, 3, lock, default_wait_deadline(now));
+  KeyedLoop loop(&applied, oids.applied_pkey, keys, target.routed ? 4 : 3, lock,
+                 default_wait_deadline(now));
   bool found;
   while (loop.next(&found)) {
     AppliedRecord record;

@@ -4,7 +4,9 @@
 // aggregate waits for it, so seq follows commit order with no gap. Both are
 // keyed_write's loop; the rules are in src/core/outbox.hpp.
 #include "core/outbox.hpp"
+#include "pg/citus/citus_forward.hpp"
 #include "pg/keys/arguments.hpp"
+#include "pg/keys/key_row.hpp"
 #include "pg/common/errors.hpp"
 #include "pg/keys/identity_lock.hpp"
 #include "pg/messaging/keyed_write.hpp"
@@ -40,22 +42,29 @@ static std::string_view bytes_of(const void* value) {
 // here, makes the next emitter for the aggregate wait until this transaction ends.
 // With `holder`, nothing waits for another transaction holding the counter: then no
 // seq, and *holder is that transaction.
-static std::optional<int64> take_seq(const MessagingOids& oids, text* topic, text* aggregate,
+// In a shard of routed_outbox_aggregates, the counter is the (topic, aggregate,
+// route)'s.
+static std::optional<int64> take_seq(const MessagingTarget& target, text* topic, text* aggregate,
                                      const LockSecret& secret, TimestampTz deadline,
                                      TransactionId* holder = nullptr) {
+  const MessagingOids& oids = target.oids;
   Table counters;
   open_table(&counters, oids.aggregates, true);
-  ScanKeyData keys[2];
+  ScanKeyData keys[3];
   ScanKeyEntryInitialize(&keys[0], 0, 1, BTEqualStrategyNumber, InvalidOid, C_COLLATION_OID,
                          F_TEXTEQ, PointerGetDatum(topic));
   ScanKeyEntryInitialize(&keys[1], 0, 2, BTEqualStrategyNumber, InvalidOid, C_COLLATION_OID,
                          F_TEXTEQ, PointerGetDatum(aggregate));
+  if (target.routed)
+    ScanKeyInit(&keys[2], 3, BTEqualStrategyNumber,  // the primary key's 3rd column
+                target.aggregates_route_eq, target.route);
   int64 seq = 0;
-  Datum values[aggregate_column::kCount] = {PointerGetDatum(topic), PointerGetDatum(aggregate), 0};
-  bool nulls[aggregate_column::kCount] = {};
+  Datum values[aggregate_column::kCount + 1] = {PointerGetDatum(topic), PointerGetDatum(aggregate),
+                                                0, target.route};
+  bool nulls[aggregate_column::kCount + 1] = {};
   LOCKTAG lock =
       messaging_lock(MessagingLock::kAggregate, {bytes_of(topic), bytes_of(aggregate)}, secret);
-  KeyedLoop loop(&counters, oids.aggregates_pkey, keys, 2, lock, deadline,
+  KeyedLoop loop(&counters, oids.aggregates_pkey, keys, target.routed ? 3 : 2, lock, deadline,
                  holder != nullptr ? KeyedLoop::kReturnBusy : KeyedLoop::kWait);
   bool found;
   while (loop.next(&found)) {
@@ -89,14 +98,20 @@ static Datum emit(FunctionCallInfo fcinfo) {
   struct varlena* event_id = given_id ? PG_GETARG_VARLENA_PP(4) : random_uuid_key();
   PreventCommandIfReadOnly("idem_emit()");
 
-  refuse_with_distributed_store("idem_emit");
-  MessagingOids oids = required_messaging_oids();
+  MessagingTarget target;
+  Route route;
+  if (!messaging_target(fcinfo, 5, "idem_emit", &target, &route)) {
+    bool isnull;
+    return citus_forward(fcinfo, 5, route.value, route.type, &isnull);
+  }
+  const MessagingOids& oids = target.oids;
   LockSecret secret = store_lock_secret();
   TimestampTz now = GetCurrentTimestamp();
   TimestampTz deadline = default_wait_deadline(now);
   namespace col = outbox_column;
-  Datum values[col::kCount] = {};
-  bool nulls[col::kCount] = {};
+  Datum values[col::kCount + 1] = {};
+  bool nulls[col::kCount + 1] = {};
+  values[col::kCount] = target.route;  // in a shard of routed_outbox, the last column
   // The event's row, once it is known that no event has its id.
   auto event_row = [&](std::optional<int64> seq) {
     values[col::kEventId - 1] = PointerGetDatum(event_id);
@@ -121,21 +136,25 @@ static Datum emit(FunctionCallInfo fcinfo) {
   open_table(&outbox, oids.outbox, true);
   if (!given_id) {
     std::optional<int64> seq;
-    if (aggregate != nullptr) seq = take_seq(oids, topic, aggregate, secret, deadline);
+    if (aggregate != nullptr) seq = take_seq(target, topic, aggregate, secret, deadline);
     KeyedWrite row = event_row(seq);
     table_insert(&outbox, row.values, row.nulls);
   } else {
-    // At most one event per id: an event stored under it (in any state) is the one.
-    ScanKeyData key;
-    ScanKeyInit(&key, 1, BTEqualStrategyNumber, oids.key_eq, PointerGetDatum(event_id));
+    // At most one event per id (and route, in a shard of routed_outbox): an event
+    // stored under it (in any state) is the one.
+    ScanKeyData keys[2];
+    ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, oids.key_eq, PointerGetDatum(event_id));
+    if (target.routed)
+      ScanKeyInit(&keys[1], 2, BTEqualStrategyNumber, target.outbox_route_eq,  // pkey's 2nd
+                  target.route);
     LOCKTAG lock = messaging_lock(MessagingLock::kEventId, {bytes_of(event_id)}, secret);
-    KeyedLoop loop(&outbox, oids.outbox_pkey, &key, 1, lock, deadline);
+    KeyedLoop loop(&outbox, oids.outbox_pkey, keys, target.routed ? 2 : 1, lock, deadline);
     bool found;
     while (loop.next(&found)) {
       std::optional<int64> seq;
       TransactionId holder = InvalidTransactionId;
       if (!found && aggregate != nullptr &&
-          !(seq = take_seq(oids, topic, aggregate, secret, deadline, &holder))) {
+          !(seq = take_seq(target, topic, aggregate, secret, deadline, &holder))) {
         // The aggregate's holder is waited for without the id's lock (it may be about
         // to emit this id), then the id is looked at again.
         loop.wait_for(holder);

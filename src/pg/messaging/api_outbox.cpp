@@ -116,6 +116,7 @@ static Datum outbox_claim(FunctionCallInfo fcinfo) {
     ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("lease must be positive"));
   Topics topics = topics_argument(fcinfo, 3);
   PreventCommandIfReadOnly("idem_outbox_claim()");
+  refuse_with_distributed_store("idem_outbox_claim");
   InitMaterializedSRF(fcinfo, 0);
   auto rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
 
@@ -257,6 +258,7 @@ static Datum outbox_ack(FunctionCallInfo fcinfo) {
   text* relay = name_argument(fcinfo, 0, "relay");
   ArrayType* ids = ids_argument(fcinfo, 1);
   PreventCommandIfReadOnly("idem_outbox_ack()");
+  refuse_with_distributed_store("idem_outbox_ack");
   MessagingOids oids = required_messaging_oids();
   Table outbox;
   open_table(&outbox, oids.outbox, true);
@@ -277,6 +279,7 @@ static Datum outbox_dead(FunctionCallInfo fcinfo) {
   text* reason = PG_ARGISNULL(2) ? nullptr : PG_GETARG_TEXT_PP(2);
   if (reason != nullptr) check_stored_size(PointerGetDatum(reason), "reason");
   PreventCommandIfReadOnly("idem_outbox_dead()");
+  refuse_with_distributed_store("idem_outbox_dead");
   MessagingOids oids = required_messaging_oids();
   Table outbox;
   open_table(&outbox, oids.outbox, true);
@@ -291,6 +294,7 @@ static Datum outbox_dead(FunctionCallInfo fcinfo) {
 
 static Datum outbox_retry(FunctionCallInfo fcinfo) {
   PreventCommandIfReadOnly("idem_outbox_retry()");
+  refuse_with_distributed_store("idem_outbox_retry");
   MessagingOids oids = required_messaging_oids();
   Table outbox;
   open_table(&outbox, oids.outbox, true);
@@ -322,6 +326,7 @@ static Datum outbox_dead_letters(FunctionCallInfo fcinfo) {
   int32 max_rows = max_rows_argument(fcinfo, 1);
   InitMaterializedSRF(fcinfo, 0);
   auto rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+  refuse_with_distributed_store("idem_outbox_dead_letters");
   MessagingOids oids = required_messaging_oids();
   Table outbox;
   open_table(&outbox, oids.outbox, false);

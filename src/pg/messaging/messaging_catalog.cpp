@@ -1,11 +1,15 @@
 #include "pg/messaging/messaging_catalog.hpp"
+#include "pg/citus/citus_forward.hpp"
 #include "pg/citus/citus_meta.hpp"
+#include "pg/common/errors.hpp"
+#include "pg/keys/store_catalog.hpp"
 
 #include "pg/common/open_relations.hpp"
 #include "pg/common/table.hpp"
 
 extern "C" {
 #include "utils/inval.h"
+#include "fmgr.h"
 #include "utils/lsyscache.h"
 }
 
@@ -47,12 +51,8 @@ static const ColumnSpec kAppliedColumns[applied_column::kCount] = {{"role", REGR
                                                                    {"entity", TEXTOID}};
 
 bool messaging_oids(MessagingOids* oids) {
-  static bool callback_registered = false;
   if (!OidIsValid(cached.outbox)) {
-    if (!callback_registered) {
-      CacheRegisterRelcacheCallback(forget, 0);
-      callback_registered = true;
-    }
+    on_relcache_invalidation(forget);
     auto relation = extension_relation;
     MessagingOids found{relation("outbox"),
                         relation("outbox_pkey"),
@@ -102,9 +102,127 @@ void refuse_with_distributed_store(const char* function) {
   if (OidIsValid(extension_relation("routed_keys")))
     ereport(ERROR, errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
             errmsg("%s is not supported with a distributed key store yet", function),
-            errdetail("The outbox and the applied versions are tables of each node, not "
-                      "distributed with the business rows."),
-            errhint("Keep messaging on a database whose key store is not distributed."));
+            errdetail("Events emitted with a routing value are stored in the shards of "
+                      "idempotency.routed_outbox, which the relay functions do not serve yet."),
+            errhint("Read the events from idempotency.routed_outbox on the coordinator until "
+                    "a later version relays them."));
+}
+
+// A relation of shard `shardid` of routed table `base`, named as Citus names them
+// (relay/relay_event_utility.c AppendShardIdToName: the name, "_", the shard id).
+static Oid shard_relation(const char* base, int64 shardid) {
+  Oid oid = extension_relation(psprintf("%s_" INT64_FORMAT, base, shardid));
+  if (!OidIsValid(oid))
+    ereport(ERROR, errcode(ERRCODE_IDEM_NOT_LOCAL),
+            errmsg("shard " INT64_FORMAT " of idempotency.%s is placed on this node but %s is "
+                   "not here",
+                   shardid, base, base),
+            errhint("After a shard move, retry; otherwise check the shard's placement with "
+                    "citus_shards."));
+  return oid;
+}
+
+static ColumnSpec* with_route(const ColumnSpec* columns, int count, Oid route_type) {
+  auto all = static_cast<ColumnSpec*>(palloc(sizeof(ColumnSpec) * (count + 1)));
+  for (int i = 0; i < count; i++) all[i] = columns[i];
+  all[count] = {"route", route_type};
+  return all;
+}
+
+int local_applied_shards(AppliedShard** shards) {
+  *shards = nullptr;
+  Oid applied = extension_relation("routed_applied_versions");
+  if (!OidIsValid(applied)) return 0;
+  int64* shardids;
+  int count = citus_local_shards(applied, &shardids);
+  *shards = static_cast<AppliedShard*>(palloc(sizeof(AppliedShard) * Max(count, 1)));
+  int found = 0;
+  for (int i = 0; i < count; i++) {
+    // A placement whose table is not here (yet, or any more): nothing to reap in it.
+    Oid heap = extension_relation(psprintf("routed_applied_versions_" INT64_FORMAT, shardids[i]));
+    if (!OidIsValid(heap)) continue;
+    (*shards)[found++] =
+        AppliedShard{heap, shard_relation("routed_applied_versions_pkey", shardids[i]),
+                     shard_relation("routed_applied_versions_expires_at_idx", shardids[i])};
+  }
+  return found;
+}
+
+bool messaging_target(FunctionCallInfo fcinfo, int route_arg, const char* function,
+                      MessagingTarget* target, Route* route) {
+  *route = Route{};
+  if (PG_NARGS() > route_arg && !PG_ARGISNULL(route_arg)) {  // absent before 1.4
+    route->type = get_fn_expr_argtype(fcinfo->flinfo, route_arg);
+    if (!OidIsValid(route->type))
+      ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+              errmsg("could not determine the type of the routing value"));
+    route->value = PG_GETARG_DATUM(route_arg);
+  }
+  *target = MessagingTarget{};
+  target->oids = required_messaging_oids();
+  Oid keys = extension_relation("routed_keys");
+  if (!OidIsValid(keys)) {
+    if (route->given())
+      ereport(ERROR, errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+              errmsg("the key store is not distributed, so %s takes no routing value", function),
+              errhint("Distribute it with idem_distribute(business table) on the Citus "
+                      "coordinator, or call without route."));
+    return true;
+  }
+  if (!route->given())
+    ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+            errmsg("the key store is distributed: %s needs the routing value of its business "
+                   "rows",
+                   function),
+            errhint("Pass the business row's distribution value: route => ..."));
+  Oid outbox = extension_relation("routed_outbox");
+  Oid aggregates = extension_relation("routed_outbox_aggregates");
+  Oid applied = extension_relation("routed_applied_versions");
+  if (!OidIsValid(outbox) || !OidIsValid(aggregates) || !OidIsValid(applied))
+    ereport(ERROR, errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+            errmsg("the key store is distributed, but its messaging tables are not"),
+            errdetail("A store distributed with version 1.3 has no idempotency.routed_outbox."),
+            errhint("Run SELECT idempotency.distribute_messaging(); on the coordinator."));
+  // The three are co-located: one lock orders the call with moves of them all.
+  CitusRoute where = routed_shard(outbox, route);
+  if (!where.local) {
+    if (citus_may_forward(fcinfo)) return false;
+    ereport(ERROR, errcode(ERRCODE_IDEM_NOT_LOCAL),
+            errmsg("the routing value's shard " INT64_FORMAT
+                   " of idempotency.routed_outbox is on %s, not on this node",
+                   where.shardid, citus_shard_node(where.shardid)),
+            errhint("After a shard move, retry. Otherwise Citus could not run the call on the "
+                    "shard's node: check the shard's placements with citus_shards."));
+  }
+  int64 aggregates_shard = citus_route(aggregates, route->value, route->type).shardid;
+  int64 applied_shard = citus_route(applied, route->value, route->type).shardid;
+  int64 s = where.shardid;
+  MessagingOids& oids = target->oids;
+  oids.outbox = shard_relation("routed_outbox", s);
+  oids.outbox_pkey = shard_relation("routed_outbox_pkey", s);
+  oids.outbox_pending = shard_relation("routed_outbox_pending_idx", s);
+  oids.outbox_dead = shard_relation("routed_outbox_dead_idx", s);
+  oids.outbox_delivered = shard_relation("routed_outbox_delivered_idx", s);
+  oids.aggregates = shard_relation("routed_outbox_aggregates", aggregates_shard);
+  oids.aggregates_pkey = shard_relation("routed_outbox_aggregates_pkey", aggregates_shard);
+  oids.applied = shard_relation("routed_applied_versions", applied_shard);
+  oids.applied_pkey = shard_relation("routed_applied_versions_pkey", applied_shard);
+  oids.applied_expires = shard_relation("routed_applied_versions_expires_at_idx", applied_shard);
+  check_columns(oids.outbox, with_route(kOutboxColumns, outbox_column::kCount, route->type),
+                outbox_column::kCount + 1);
+  check_columns(oids.aggregates,
+                with_route(kAggregateColumns, aggregate_column::kCount, route->type),
+                aggregate_column::kCount + 1);
+  ColumnSpec* applied_columns = with_route(kAppliedColumns, applied_column::kCount, route->type);
+  applied_columns[applied_column::kRole - 1] = {"role", InvalidOid, "idem_role"};
+  check_columns(oids.applied, applied_columns, applied_column::kCount + 1);
+  oids.key_eq = index_equality(oids.outbox_pkey, 0);
+  target->routed = true;
+  target->route = route->value;
+  target->outbox_route_eq = index_equality(oids.outbox_pkey, 1);
+  target->aggregates_route_eq = index_equality(oids.aggregates_pkey, 2);
+  target->applied_route_eq = index_equality(oids.applied_pkey, 3);
+  return true;
 }
 
 MessagingOids required_messaging_oids() {

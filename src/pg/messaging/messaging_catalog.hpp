@@ -56,15 +56,48 @@ struct MessagingOids {
   RegProcedure key_eq;  // idem_key equality, as outbox_pkey's operator family has it
 };
 
+// Where a messaging call that takes a routing value (idem_emit, idem_apply_version)
+// writes: the node-local tables, or with a distributed store (idem_distribute) the
+// shards on this node of the routed copies co-located with the business table,
+// idempotency.routed_outbox, routed_outbox_aggregates and routed_applied_versions,
+// whose rows end with the route (one more column; their unique indexes end with it).
+struct MessagingTarget {
+  MessagingOids oids;  // node-local tables, or the route's shards (position: the
+                       // node's own sequence either way)
+  bool routed;         // the shards: each row and unique look-up also has the route
+  Datum route;         // the routing value, of the distribution column's type
+  RegProcedure outbox_route_eq, aggregates_route_eq, applied_route_eq;
+};
+
+// For a call whose argument `route_arg` is the routing value ("any", NULL when not
+// given): false when the route's shard is on another node and Citus can take the call
+// there (citus_may_forward): the caller forwards it with *route (citus_forward);
+// otherwise true and *target filled in. Errors: a route without a distributed store
+// 55000; a distributed store without a route 22023; a route of another type 42804;
+// the routed tables missing (a store distributed with 1.3) 55000; the shard on
+// another node when Citus cannot take the call there IK006.
+struct Route;  // pg/keys/key_row.hpp
+bool messaging_target(FunctionCallInfo fcinfo, int route_arg, const char* function,
+                      MessagingTarget* target, Route* route);
+
+// This node's shards of idempotency.routed_applied_versions (a distributed store),
+// for the reaper: heap, primary key and expires_at index of each, in the current
+// memory context; returns how many (none when the store is not distributed).
+struct AppliedShard {
+  Oid applied;
+  Oid applied_pkey;
+  Oid applied_expires;
+};
+int local_applied_shards(AppliedShard** shards);
+
 // The messaging tables, or null when the database's extension is still at 1.0. A
 // copy: opening a relation accepts invalidations, which clear the cache.
 bool messaging_oids(MessagingOids* oids);
 // The same, raising 55000 (run ALTER EXTENSION idempotency UPDATE) when absent.
 MessagingOids required_messaging_oids();
-// 0A000 when the key store is distributed with Citus (idem_distribute): the outbox
-// and applied versions are still node-local tables, so an event emitted or a version
-// applied in a delegated call would be stored where the relay or a retry routed
-// elsewhere does not look (docs/design-citus.md, section 9).
+// 0A000 when the key store is distributed with Citus (idem_distribute), for the relay
+// functions: they read the node-local outbox, and do not serve the shards of
+// idempotency.routed_outbox, where events emitted with a routing value are.
 void refuse_with_distributed_store(const char* function);
 
 }  // namespace idempotency

@@ -50,11 +50,10 @@ static bool sweep_once(Sweep sweep, int n, int64 max_rows, ReapPosition* positio
                        int64* changed_out) {
   *changed_out = 0;
   if (sweep == Sweep::kMessaging) {
-    if (n > 0) return false;
     Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
-    *changed_out = sweep_messaging(snapshot, GetCurrentTimestamp(), max_rows);
+    bool found = sweep_messaging(n, snapshot, GetCurrentTimestamp(), max_rows, changed_out);
     UnregisterSnapshot(snapshot);
-    return true;
+    return found;
   }
   StoreOids* stores;
   if (n >= local_stores(&stores)) return false;

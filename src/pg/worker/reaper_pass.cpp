@@ -122,24 +122,39 @@ static int64 sweep_applied_of_dropped_roles(Table* applied, Oid index, Snapshot 
   return deleted;
 }
 
-int64 sweep_messaging(Snapshot snapshot, TimestampTz now, int64 max_rows) {
+static int64 sweep_applied(Oid heap, Oid pkey, Oid expires, Snapshot snapshot, TimestampTz now,
+                           int64 max_rows) {
+  Table applied;
+  open_table(&applied, heap, true);
+  int64 deleted = sweep_index(&applied, expires, snapshot, now, max_rows,
+                              [&] { return is_reapable(read_applied(&applied), now); });
+  deleted += sweep_applied_of_dropped_roles(&applied, pkey, snapshot, max_rows - deleted);
+  close_table(&applied);
+  return deleted;
+}
+
+bool sweep_messaging(int n, Snapshot snapshot, TimestampTz now, int64 max_rows, int64* deleted) {
+  *deleted = 0;
   MessagingOids oids;
-  if (!messaging_oids(&oids)) return 0;
+  if (!messaging_oids(&oids)) return false;
+  if (n > 0) {
+    AppliedShard* shards;
+    if (n > local_applied_shards(&shards)) return false;
+    const AppliedShard& shard = shards[n - 1];
+    *deleted = sweep_applied(shard.applied, shard.applied_pkey, shard.applied_expires, snapshot,
+                             now, max_rows);
+    return true;
+  }
   Micros retention = static_cast<Micros>(settings.outbox_retention_s) * USECS_PER_SEC;
   Table outbox;
   open_table(&outbox, oids.outbox, true);
-  int64 deleted =
-      sweep_index(&outbox, oids.outbox_delivered, snapshot, now - retention, max_rows,
-                  [&] { return is_removable(read_event(&outbox, nullptr), now, retention); });
+  *deleted = sweep_index(&outbox, oids.outbox_delivered, snapshot, now - retention, max_rows, [&] {
+    return is_removable(read_event(&outbox, nullptr), now, retention);
+  });
   close_table(&outbox);
-  Table applied;
-  open_table(&applied, oids.applied, true);
-  deleted += sweep_index(&applied, oids.applied_expires, snapshot, now, max_rows - deleted,
-                         [&] { return is_reapable(read_applied(&applied), now); });
-  deleted +=
-      sweep_applied_of_dropped_roles(&applied, oids.applied_pkey, snapshot, max_rows - deleted);
-  close_table(&applied);
-  return deleted;
+  *deleted += sweep_applied(oids.applied, oids.applied_pkey, oids.applied_expires, snapshot, now,
+                            max_rows - *deleted);
+  return true;
 }
 
 }  // namespace idempotency
