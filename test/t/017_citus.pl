@@ -39,22 +39,10 @@ use Test::More;
 use FindBin;
 use lib "$FindBin::RealBin/lib";
 use IdemCheck;
+use IdemCitus;
 use IPC::Run;
 
-my $want_citus = $ENV{IDEM_CITUS} // '';
-my $pkglibdir = `pg_config --pkglibdir`;
-chomp $pkglibdir;
-if ($want_citus eq '0') {
-	plan skip_all => 'IDEM_CITUS=0: no Citus for the PostgreSQL under test';
-}
-if (!-f "$pkglibdir/citus.so") {
-	if ($want_citus eq '1') {
-		fail("IDEM_CITUS=1 but $pkglibdir/citus.so is not installed");
-		done_testing();
-		exit 0;
-	}
-	plan skip_all => "no Citus in $pkglibdir (scripts/citus.sh: citus_for PG_PREFIX)";
-}
+IdemCitus::require_citus();
 
 my $keys = $ENV{IDEM_CITUS_KEYS} // 200;    # (a) and (c)
 my $tx_keys = $ENV{IDEM_CITUS_TX_KEYS} // 50;    # each half of (b)
@@ -63,52 +51,15 @@ my $tx_keys = $ENV{IDEM_CITUS_TX_KEYS} // 50;    # each half of (b)
 # The cluster
 # ---------------------------------------------------------------------------------
 
-my $coordinator = PostgreSQL::Test::Cluster->new('coordinator');
-my $worker1 = PostgreSQL::Test::Cluster->new('worker1');
-my $worker2 = PostgreSQL::Test::Cluster->new('worker2');
+my ($coordinator, $worker1, $worker2) = IdemCitus::start_cluster();
 my @nodes = ($coordinator, $worker1, $worker2);
 my @workers = ($worker1, $worker2);
-for my $node (@nodes) {
-	$node->init;
-	# Citus first. The nodes talk to each other over TCP on loopback (trusted by
-	# initdb's pg_hba.conf); the test itself keeps using the Unix socket. Two-phase
-	# commit and logical decoding as Citus uses them for multi-node writes and moves.
-	# No reaper passes: the test counts keys.
-	$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'citus,idempotency'
-idempotency.reaper_enabled = off
-listen_addresses = '127.0.0.1'
-max_connections = 100
-max_prepared_transactions = 100
-wal_level = logical
-max_replication_slots = 16
-max_wal_senders = 16
-max_worker_processes = 24
-citus.enable_statistics_collection = off
-});
-	$node->start;
-	# Releases with output_plugin_libraries (15.20, 17.11, 18.6 and later) let logical
-	# decoding load only the plugins it names; a non-blocking shard split decodes with
-	# Citus's own plugin, "citus".
-	my $plugins = $node->safe_psql('postgres',
-		q{SELECT current_setting('output_plugin_libraries', true)});
-	if ($plugins ne '') {
-		$node->append_conf('postgresql.conf', "output_plugin_libraries = '$plugins, citus'");
-		$node->reload;
-	}
-	$node->safe_psql('postgres', 'CREATE EXTENSION citus');
-}
 my %name_of = map { ($_->port => $_->name) } @nodes;
-$coordinator->safe_psql('postgres', sprintf(
-	q{SELECT citus_set_coordinator_host('127.0.0.1', %d);
-	  SELECT citus_add_node('127.0.0.1', %d); SELECT citus_add_node('127.0.0.1', %d);},
-	$coordinator->port, $worker1->port, $worker2->port));
 is($coordinator->safe_psql('postgres',
 		q{SELECT count(*) FROM pg_dist_node WHERE noderole = 'primary' AND groupid > 0}),
 	'2', 'two workers in the Citus cluster');
 
-# CREATE EXTENSION on the coordinator only: Citus creates it on the workers.
-$coordinator->safe_psql('postgres', 'CREATE EXTENSION idempotency; CREATE EXTENSION amcheck');
+# CREATE EXTENSION on the coordinator only (IdemCitus): Citus creates it on the workers.
 for my $worker (@workers) {
 	is($worker->safe_psql('postgres',
 			q{SELECT count(*) FROM pg_extension WHERE extname = 'idempotency'}),

@@ -26,21 +26,10 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use FindBin;
+use lib "$FindBin::RealBin/lib";
+use IdemCitus;
 
-my $want_citus = $ENV{IDEM_CITUS} // '';
-my $pkglibdir = `pg_config --pkglibdir`;
-chomp $pkglibdir;
-if ($want_citus eq '0') {
-	plan skip_all => 'IDEM_CITUS=0: no Citus for the PostgreSQL under test';
-}
-if (!-f "$pkglibdir/citus.so") {
-	if ($want_citus eq '1') {
-		fail("IDEM_CITUS=1 but $pkglibdir/citus.so is not installed");
-		done_testing();
-		exit 0;
-	}
-	plan skip_all => "no Citus in $pkglibdir (scripts/citus.sh: citus_for PG_PREFIX)";
-}
+IdemCitus::require_citus();
 
 my $accounts = $ENV{IDEM_CITUS_MSG_ACCOUNTS} // 20;
 
@@ -48,33 +37,9 @@ my $accounts = $ENV{IDEM_CITUS_MSG_ACCOUNTS} // 20;
 # The cluster (as 017_citus.pl)
 # ---------------------------------------------------------------------------------
 
-my $coordinator = PostgreSQL::Test::Cluster->new('coordinator');
-my $worker1 = PostgreSQL::Test::Cluster->new('worker1');
-my $worker2 = PostgreSQL::Test::Cluster->new('worker2');
+my ($coordinator, $worker1, $worker2) = IdemCitus::start_cluster();
 my @nodes = ($coordinator, $worker1, $worker2);
 my @workers = ($worker1, $worker2);
-for my $node (@nodes) {
-	$node->init;
-	$node->append_conf('postgresql.conf', qq{
-shared_preload_libraries = 'citus,idempotency'
-idempotency.reaper_enabled = off
-listen_addresses = '127.0.0.1'
-max_connections = 100
-max_prepared_transactions = 100
-wal_level = logical
-max_replication_slots = 16
-max_wal_senders = 16
-max_worker_processes = 24
-citus.enable_statistics_collection = off
-});
-	$node->start;
-	$node->safe_psql('postgres', 'CREATE EXTENSION citus');
-}
-$coordinator->safe_psql('postgres', sprintf(
-	q{SELECT citus_set_coordinator_host('127.0.0.1', %d);
-	  SELECT citus_add_node('127.0.0.1', %d); SELECT citus_add_node('127.0.0.1', %d);},
-	$coordinator->port, $worker1->port, $worker2->port));
-$coordinator->safe_psql('postgres', 'CREATE EXTENSION idempotency; CREATE EXTENSION amcheck');
 # idem_emit is not granted to PUBLIC (1.2): the producer's grant, on every node (where
 # a delegated call runs it), before idem_distribute (which gives the twins the grants
 # of the functions they stand for).
