@@ -109,18 +109,7 @@ EXCEPTION WHEN SQLSTATE 'IK005' THEN
 END $$;
 SELECT count(*) AS e3_stored FROM idempotency.keys WHERE scope = 'mb-err' AND key = 'e-3';
 
--- Another transaction's key in flight (here a prepared one): waited for at most `wait`
--- for the whole call, then IK005, and nothing of the call stored.
-BEGIN;
-SELECT idem_once('mb-err', 'prepared') AS applied;
-PREPARE TRANSACTION 'mb_holder';
-SELECT idem_once_many('mb-err', ARRAY['w-1', 'prepared', 'w-2']::idem_key[], wait => '50ms');
-\echo :LAST_ERROR_SQLSTATE
-SELECT idem_once_many('mb-err', ARRAY['w-1', 'prepared']::idem_key[], wait => '0');
-\echo :LAST_ERROR_SQLSTATE
-SELECT count(*) AS stored FROM idempotency.keys WHERE scope = 'mb-err' AND key::text LIKE 'w-%';
-COMMIT PREPARED 'mb_holder';
-SELECT idem_once_many('mb-err', ARRAY['w-1', 'prepared', 'w-2']::idem_key[]) AS after_commit;
+-- Another transaction's key in flight: two_phase.sql (it needs prepared transactions).
 
 -- Bad input, checked before any key is looked at, in this order: a NULL array or
 -- element (22004), more than one dimension (22023), then scope, ttl and wait as

@@ -44,3 +44,17 @@ SELECT idem_outbox_ack('relay-p', '{p-2}') AS acked;
 SELECT idem_forget('2pc', 'prepared');
 DELETE FROM idempotency.outbox;
 DELETE FROM idempotency.outbox_aggregates;
+
+-- idem_once_many (once_many.sql) meets another transaction's key in flight (here a
+-- prepared one): waited for at most `wait` for the whole call, then IK005, and nothing
+-- of the call stored.
+BEGIN;
+SELECT idem_once('mb-err', 'prepared') AS applied;
+PREPARE TRANSACTION 'mb_holder';
+SELECT idem_once_many('mb-err', ARRAY['w-1', 'prepared', 'w-2']::idem_key[], wait => '50ms');
+\echo :LAST_ERROR_SQLSTATE
+SELECT idem_once_many('mb-err', ARRAY['w-1', 'prepared']::idem_key[], wait => '0');
+\echo :LAST_ERROR_SQLSTATE
+SELECT count(*) AS stored FROM idempotency.keys WHERE scope = 'mb-err' AND key::text LIKE 'w-%';
+COMMIT PREPARED 'mb_holder';
+SELECT idem_once_many('mb-err', ARRAY['w-1', 'prepared', 'w-2']::idem_key[]) AS after_commit;
