@@ -49,12 +49,12 @@ DELETE FROM idempotency.outbox_aggregates;
 -- prepared one): waited for at most `wait` for the whole call, then IK005, and nothing
 -- of the call stored.
 BEGIN;
-SELECT idem_once('mb-err', 'prepared') AS applied;
+SELECT idem_once('mb-2pc', 'prepared') AS applied;
 PREPARE TRANSACTION 'mb_holder';
-SELECT idem_once_many('mb-err', ARRAY['w-1', 'prepared', 'w-2']::idem_key[], wait => '50ms');
+SELECT idem_once_many('mb-2pc', ARRAY['w-1', 'prepared', 'w-2']::idem_key[], wait => '50ms');
 \echo :LAST_ERROR_SQLSTATE
-SELECT idem_once_many('mb-err', ARRAY['w-1', 'prepared']::idem_key[], wait => '0');
+SELECT idem_once_many('mb-2pc', ARRAY['w-1', 'prepared']::idem_key[], wait => '0');
 \echo :LAST_ERROR_SQLSTATE
-SELECT count(*) AS stored FROM idempotency.keys WHERE scope = 'mb-err' AND key::text LIKE 'w-%';
+SELECT count(*) AS stored FROM idempotency.keys WHERE scope = 'mb-2pc' AND key::text LIKE 'w-%';
 COMMIT PREPARED 'mb_holder';
-SELECT idem_once_many('mb-err', ARRAY['w-1', 'prepared', 'w-2']::idem_key[]) AS after_commit;
+SELECT idem_once_many('mb-2pc', ARRAY['w-1', 'prepared', 'w-2']::idem_key[]) AS after_commit;
