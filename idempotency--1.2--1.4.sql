@@ -407,7 +407,18 @@ BEGIN
        'lease_expires_at timestamptz)'),
       ('idem_emit', 'topic text, payload jsonb, aggregate text, headers jsonb, '
                     'event_id @extschema@.idem_key', '@extschema@.idem_key'),
-      ('idem_apply_version', 'scope text, entity text, version bigint, ttl interval', 'boolean'))
+      ('idem_apply_version', 'scope text, entity text, version bigint, ttl interval', 'boolean'),
+      -- The relay's: called on the coordinator, each runs once per shard (with a routing
+      -- value of that shard), on the node that holds it.
+      ('idem_outbox_claim', 'relay text, max_events integer, lease interval, topics text[]',
+       'TABLE(event_id @extschema@.idem_key, topic text, aggregate text, seq bigint, '
+       'payload jsonb, headers jsonb, emitted_at timestamptz, attempt integer)'),
+      ('idem_outbox_ack', 'relay text, event_ids @extschema@.idem_key[]', 'bigint'),
+      ('idem_outbox_dead', 'relay text, event_ids @extschema@.idem_key[], reason text', 'bigint'),
+      ('idem_outbox_retry', 'event_ids @extschema@.idem_key[]', 'bigint'),
+      ('idem_outbox_dead_letters', 'topic text, max_rows integer',
+       'TABLE(event_id @extschema@.idem_key, topic text, aggregate text, seq bigint, '
+       'payload jsonb, headers jsonb, emitted_at timestamptz, attempt integer, reason text)'))
     AS t(name, params, returns)
   LOOP
     EXECUTE format('CREATE FUNCTION @extschema@.%I(%s, route %s) RETURNS %s AS %L, %L LANGUAGE C',
@@ -556,7 +567,10 @@ BEGIN
     @extschema@.idem_complete_routed, @extschema@.idem_fail_routed,
     @extschema@.idem_release_routed, @extschema@.idem_checkpoint_routed,
     @extschema@.idem_forget_routed, @extschema@.idem_lookup_routed,
-    @extschema@.idem_emit_routed, @extschema@.idem_apply_version_routed;
+    @extschema@.idem_emit_routed, @extschema@.idem_apply_version_routed,
+    @extschema@.idem_outbox_claim_routed, @extschema@.idem_outbox_ack_routed,
+    @extschema@.idem_outbox_dead_routed, @extschema@.idem_outbox_retry_routed,
+    @extschema@.idem_outbox_dead_letters_routed;
   DROP TABLE IF EXISTS idempotency.routed_outbox, idempotency.routed_outbox_aggregates,
     idempotency.routed_applied_versions;
   DROP TABLE idempotency.routed_keys;
@@ -568,14 +582,16 @@ END $$;
 -- routed copies of the outbox, the aggregates' counters and the applied versions,
 -- co-located with the business table (made by idem_distribute, or by
 -- idempotency.distribute_messaging() for a store distributed with 1.3), or forward to
--- the shard's node through their twins. The relay functions are not served over the
--- shards yet: with a distributed store they raise 0A000.
+-- the shard's node through their twins. The relay functions called on the coordinator
+-- serve every shard, through twins of their own, one call per shard.
 ------------------------------------------------------------------------------
 
 -- The routed messaging tables: each the node-local table's columns in its order (the
 -- C code reads both by the same attribute numbers), then the route of routed_keys'
 -- type and collation; every unique index holds the route (Citus wants it), and the
--- role is an idem_role (moved by name, as in routed_keys).
+-- role is an idem_role (moved by name, as in routed_keys). An aggregate's counter also
+-- keeps its last event's position: a shard's events are relayed in position order, and
+-- the node a shard moves to numbers from its own sequence, which may be behind.
 CREATE FUNCTION idempotency.distribute_messaging() RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp
 SET citus.multi_shard_modify_mode = 'sequential' AS $$
@@ -624,6 +640,7 @@ BEGIN
       aggregate text   COLLATE "C" NOT NULL,
       last_seq  bigint NOT NULL,
       route     %1$s%2$s NOT NULL,
+      last_position bigint NOT NULL,
       CONSTRAINT routed_outbox_aggregates_pkey PRIMARY KEY (topic, aggregate, route)
     );
     CREATE TABLE idempotency.routed_applied_versions (

@@ -80,6 +80,10 @@ AggregateSeen after(Admission admission, AggregateSeen seen) noexcept {
 
 std::int64_t next_seq(std::optional<std::int64_t> last) noexcept { return last ? *last + 1 : 1; }
 
+std::int64_t next_position(std::optional<std::int64_t> last, std::int64_t drawn) noexcept {
+  return last && *last >= drawn ? *last + 1 : drawn;
+}
+
 bool is_live(const AppliedRecord& record, Micros now) noexcept {
   return record.written_by_this_transaction || record.expires_at > now;
 }

@@ -78,6 +78,12 @@ AggregateSeen after(Admission admission, AggregateSeen seen) noexcept;
 // aggregate's lock and read `last` after taking it).
 std::int64_t next_seq(std::optional<std::int64_t> last) noexcept;
 
+// The position of an aggregate's next event in a shard of a distributed outbox, whose
+// events a relay takes in position order: the node's sequence (`drawn`) numbers them,
+// but after a move the shard's new node may number lower than its old one did, so the
+// aggregate's events keep their seq order by never going below its last position.
+std::int64_t next_position(std::optional<std::int64_t> last, std::int64_t drawn) noexcept;
+
 // An entity's record in idempotency.applied_versions: the last version applied.
 struct AppliedRecord {
   std::int64_t version = 0;

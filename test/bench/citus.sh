@@ -10,7 +10,9 @@
 #   block:       the transaction block of an application through the coordinator
 #                (BEGIN; idem_claim(..., route); INSERT; idem_complete(..., route);
 #                COMMIT), its key functions forwarded to the account's worker (1.4),
-#                against the same block without them (BEGIN; INSERT; COMMIT).
+#                against the same block without them (BEGIN; INSERT; COMMIT);
+#   relay:       events emitted in every shard, drained by 4 relays on the
+#                coordinator, against the same on one node.
 # New keys, accounts spread over all shards, CLIENTS clients, interleaved rounds.
 # Not part of CI.
 #   test/bench/citus.sh                # PG_VERSION=18 ROUNDS=3 SECONDS_PER_RUN=10 CLIENTS=4
@@ -150,6 +152,44 @@ for round in $(seq "$ROUNDS"); do
   done
 done
 
+# The relay: RELAY_EVENTS events of 1,000 aggregates (one per account, accounts over
+# every shard), emitted by delegated calls, drained by 4 relays on the coordinator
+# (test/bench/relay.sql: claim 500, ack), each call serving every shard; against the
+# same on one node: a database of the coordinator's server without Citus, whose
+# outbox is node-local.
+RELAY_EVENTS=${RELAY_EVENTS:-20000}
+on "${ports[0]}" >/dev/null <<SQL
+CREATE FUNCTION bench_emit(p_account bigint, n integer) RETURNS bigint LANGUAGE sql AS \$\$
+  SELECT count(idem_emit('bench.relay', jsonb_build_object('n', g), p_account::text, route => p_account))
+  FROM generate_series(1, n) g \$\$;
+SELECT create_distributed_function('bench_emit(bigint, integer)', 'p_account', colocate_with => 'payments');
+CREATE DATABASE single;
+SQL
+on "${ports[0]}" -d single -c 'CREATE EXTENSION idempotency' >/dev/null
+chmod 644 test/bench/relay.sql
+# relay DATABASE COUNT_SQL: drains the outbox with 4 relays; prints events/s.
+relay() {
+  local start rounds=0
+  start=$(date +%s.%N)
+  until [ "$(on "${ports[0]}" -d "$1" -At -c "$2")" = 0 ]; do
+    runuser -u postgres -- env PGOPTIONS="-c synchronous_commit=off" pgbench -n -h 127.0.0.1 \
+      -p "${ports[0]}" -c 4 -j 2 -t 5 -f test/bench/relay.sql "$1" >/dev/null 2>&1 || true
+    rounds=$((rounds + 1))
+    [ "$rounds" -lt 1000 ] || break
+  done
+  awk -v s="$start" -v e="$(date +%s.%N)" -v n="$RELAY_EVENTS" 'BEGIN { printf "%.0f", n / (e - s) }'
+}
+per_account=$((RELAY_EVENTS / 1000))
+seq 1 1000 | sed "s/.*/SELECT bench_emit(&, $per_account);/" | on "${ports[0]}" >/dev/null
+on "${ports[0]}" -d single -c "SELECT count(idem_emit('bench.relay', jsonb_build_object('n', g), (g % 1000)::text))
+                               FROM generate_series(1, $RELAY_EVENTS) g" >/dev/null
+relay_before=$(executions)
+relay_cluster=$(relay postgres "SELECT count(*) FROM idempotency.routed_outbox WHERE state = 'p'")
+relay_per_batch=$(awk -v e="$(($(executions) - relay_before))" -v n="$RELAY_EVENTS" 'BEGIN { printf "%.1f", e / (n / 500) }')
+relay_single=$(relay single "SELECT count(*) FROM idempotency.outbox WHERE state = 'p'")
+delivered=$(on "${ports[0]}" -At -c "SELECT count(*) FROM idempotency.routed_outbox WHERE state = 'd'")
+echo "relay: $relay_cluster events/s on the cluster, $relay_single on one node" >&2
+
 # Every call paid once: one payment per key stored.
 paid=$(on "${ports[0]}" -At -c "SELECT count(*) FROM payments")
 keys=$(on "${ports[0]}" -At -c "SELECT count(*) FROM idempotency.routed_keys")
@@ -172,4 +212,11 @@ out=test/bench/results-citus-pg$PG_VERSION.md
   done
   echo
   echo "Payments: $paid; keys stored (one per ext call): $keys."
+  echo
+  echo "| relay, $RELAY_EVENTS events of 1,000 aggregates, 4 relays on the coordinator (claim 500, ack) | events/s | Citus executions per batch of 500 (claim and ack) |"
+  echo "| --- | --- | --- |"
+  echo "| 32 shards on 2 workers | $relay_cluster | $relay_per_batch |"
+  echo "| one node (a database without Citus) | $relay_single | 0 |"
+  echo
+  echo "Events delivered on the cluster: $delivered of $RELAY_EVENTS."
 } | tee "$out"

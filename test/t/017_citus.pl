@@ -26,7 +26,7 @@
 #   (n) a worker session's cache of its shard rebuilt 300 times keeps no memory;
 #   (m) amcheck on every shard of the store after all of it;
 #   (g) idempotency.keys or a messaging table distributed by hand: refused (0A000);
-#       messaging with a distributed store without a route: 22023; the relay: 0A000.
+#       messaging with a distributed store without a route: 22023.
 #
 # Needs Citus installed in the PostgreSQL under test (scripts/citus.sh's citus_for,
 # which test/run_all.sh calls): skipped without it, unless IDEM_CITUS=1 (run_all sets
@@ -838,13 +838,11 @@ $coordinator->safe_psql('postgres', q{CALL create_payment('f-3', 9003, 40)});
 is(paid(9002, 1), '1|0|0', '(g) undistributed again: the store works as before');
 
 # Messaging with a distributed store, never stored node-locally: without a route,
-# 22023 (test/t/026_citus_messaging.pl: with one); the relay: refused (0A000).
+# 22023 (test/t/026_citus_messaging.pl: with one; the relay: 028_citus_relay.pl).
 for my $call ([ 'idem_emit', q{SELECT idem_emit('orders', '{}')},
 	  qr/22023: the key store is distributed: idem_emit needs the routing value/ ],
 	[ 'idem_apply_version', q{SELECT idem_apply_version('orders', 'order-2', 1)},
-	  qr/22023: the key store is distributed: idem_apply_version needs the routing value/ ],
-	[ 'idem_outbox_claim', q{SELECT * FROM idem_outbox_claim('relay-1')},
-	  qr/0A000: idem_outbox_claim is not supported with a distributed key store yet/ ]) {
+	  qr/22023: the key store is distributed: idem_apply_version needs the routing value/ ]) {
 	($stdout, $stderr) = ('', '');
 	$worker1->psql('postgres', "\\set VERBOSITY verbose\n$call->[1]",
 		stdout => \$stdout, stderr => \$stderr);

@@ -12,7 +12,7 @@
 #       rolled-back block stores none;
 #   (a) idem_apply_version with a route, in a block on the coordinator and in a
 #       delegated procedure: applied once per version, older versions skipped;
-#   (v) no route: 22023; a mistyped one: 42804; the relay functions: 0A000;
+#   (v) no route: 22023; a mistyped one: 42804 (the relay: 028_citus_relay.pl);
 #   (w) a block on a worker, for a shard of the other worker: forwarded there;
 #   (r) expired applied versions reaped by idem_reap on each worker, from its shards;
 #   (m) a shard moved (block_writes, then back in logical mode): its events and
@@ -227,12 +227,6 @@ is(sqlstate_of(q{SELECT idem_emit('t', '{}', 'account-1', route => NULL::bigint)
 is(sqlstate_of(q{SELECT idem_apply_version('s', 'e', 1)}), '22023', '(v) idem_apply_version without a route: 22023');
 is(sqlstate_of(q{SELECT idem_emit('t', '{}', 'account-1', route => 'x'::text)}), '42804',
 	'(v) a route of another type: 42804');
-for my $relay (
-	q{SELECT * FROM idem_outbox_claim('relay-1')}, q{SELECT idem_outbox_ack('relay-1', '{a}')},
-	q{SELECT idem_outbox_dead('relay-1', '{a}', 'r')}, q{SELECT idem_outbox_retry('{a}')},
-	q{SELECT * FROM idem_outbox_dead_letters()}) {
-	is(sqlstate_of($relay, 'postgres'), '0A000', "(v) $relay: 0A000 (not served over the shards yet)");
-}
 
 # ---------------------------------------------------------------------------------
 # (m) A shard moved: events and counters go with it

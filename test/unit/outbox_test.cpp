@@ -163,6 +163,14 @@ TEST(Seq, StartsAtOneWithoutGaps) {
   EXPECT_EQ(next_seq(41), 42);
 }
 
+TEST(Position, FollowsTheNodeUnlessItIsBehindTheAggregate) {
+  EXPECT_EQ(next_position(std::nullopt, 7), 7);
+  EXPECT_EQ(next_position(5, 7), 7);
+  // A shard moved to a node whose sequence is behind: after the aggregate's last event.
+  EXPECT_EQ(next_position(1000, 7), 1001);
+  EXPECT_EQ(next_position(7, 7), 8);
+}
+
 AppliedRecord record(std::int64_t version, Micros expires_at = kNow + kSecond) {
   return AppliedRecord{version, expires_at, false};
 }

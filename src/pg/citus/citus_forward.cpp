@@ -37,7 +37,8 @@ bool is_twin(const char* name) {
 // through quote_literal and comes back through its type's input function, in this
 // session and its settings: user text stays data, and the value is the same.
 char* twin_call(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_type,
-                const char* columns) {
+                const char* columns, const NullableDatum* args) {
+  if (args == nullptr) args = fcinfo->args;
   Oid function = fcinfo->flinfo->fn_oid;
   HeapTuple tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(function));
   if (!HeapTupleIsValid(tuple)) elog(ERROR, "cache lookup failed for function %u", function);
@@ -56,18 +57,18 @@ char* twin_call(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_t
   initStringInfo(&sql);
   appendStringInfo(&sql, "SELECT %s FROM %s.%s(", columns, quote_identifier(schema),
                    quote_identifier(twin));
-  for (int i = 0; i < PG_NARGS() && i < proc->pronargs; i++) {
+  for (int i = 0; i < Max(proc->pronargs, route_arg + 1); i++) {
     bool is_route = i == route_arg;
     Oid type = is_route ? route_type : proc->proargtypes.values[i];
     if (i > 0) appendStringInfoString(&sql, ", ");
-    if (!is_route && PG_ARGISNULL(i)) {
+    if (!is_route && args[i].isnull) {
       appendStringInfo(&sql, "NULL::%s", format_type_be_qualified(type));
       continue;
     }
     Oid output;
     bool varlena;
     getTypeOutputInfo(type, &output, &varlena);
-    char* value = OidOutputFunctionCall(output, is_route ? route : PG_GETARG_DATUM(i));
+    char* value = OidOutputFunctionCall(output, is_route ? route : args[i].value);
     appendStringInfo(&sql, "%s::%s", quote_literal_cstr(value), format_type_be_qualified(type));
   }
   appendStringInfoString(&sql, ") r");
@@ -90,8 +91,8 @@ bool citus_may_forward(FunctionCallInfo fcinfo) {
 }
 
 Datum citus_forward(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_type,
-                    bool* isnull) {
-  char* sql = twin_call(fcinfo, route_arg, route, route_type, "r");
+                    bool* isnull, const NullableDatum* args) {
+  char* sql = twin_call(fcinfo, route_arg, route, route_type, "r", args);
   SPI_connect();
   run(sql);
   if (SPI_processed != 1)
@@ -104,8 +105,8 @@ Datum citus_forward(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid rou
 }
 
 void citus_forward_rows(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_type,
-                        Tuplestorestate* rows, TupleDesc desc) {
-  char* sql = twin_call(fcinfo, route_arg, route, route_type, "*");
+                        Tuplestorestate* rows, TupleDesc desc, const NullableDatum* args) {
+  char* sql = twin_call(fcinfo, route_arg, route, route_type, "*", args);
   SPI_connect();
   run(sql);
   Datum* values = static_cast<Datum*>(palloc(sizeof(Datum) * desc->natts));

@@ -29,16 +29,17 @@ namespace idempotency {
 // IsCitusInternalBackend), where a nested distributed execution is refused.
 bool citus_may_forward(FunctionCallInfo fcinfo);
 
-// Runs the twin of the called function with the call's arguments, argument `route_arg`
-// replaced by `route` (of type `route_type`, the distribution column's), as constants
-// in SQL, through SPI; returns its single result, copied into the caller's memory
-// context (*isnull for NULL and for void).
+// Runs the twin of the called function with the call's arguments (or `args`, one per
+// argument of the called function), argument `route_arg` replaced by `route` (of type
+// `route_type`, the distribution column's; `route_arg` one past the called function's
+// last argument: the twin has one more), as constants in SQL, through SPI; returns its
+// single result, copied into the caller's memory context (*isnull for NULL and void).
 Datum citus_forward(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_type,
-                    bool* isnull);
+                    bool* isnull, const NullableDatum* args = nullptr);
 
 // The same for a set-returning function: the twin's rows go into `rows` (of `desc`).
 void citus_forward_rows(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_type,
-                        Tuplestorestate* rows, TupleDesc desc);
+                        Tuplestorestate* rows, TupleDesc desc, const NullableDatum* args = nullptr);
 
 // The state ("pending", "completed", ...) of key `key` of scope `scope` and routing
 // value `route` on the node of its shard, as this transaction sees it there (through

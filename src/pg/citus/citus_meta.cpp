@@ -14,6 +14,7 @@ extern "C" {
 #include "access/stratnum.h"
 #include "access/table.h"
 #include "catalog/pg_namespace.h"
+#include "catalog/pg_type.h"
 #include "miscadmin.h"
 #include "nodes/primnodes.h"
 #include "storage/lmgr.h"
@@ -326,6 +327,50 @@ bool citus_column(Oid relid, CitusColumn* column) {
   const Entry* entry = lookup(relid);
   *column = CitusColumn{entry->column_type, entry->column_length, entry->column_byval};
   return entry->distributed;
+}
+
+int citus_shard_values(Oid relid, Datum** values) {
+  // Hash values spread evenly: a shard of 1/n of the range is met within a few times
+  // n tries; the bound is for ranges made tiny by splits.
+  constexpr int64 kTries = 1000000;
+  const Entry* entry = lookup(relid);
+  if (!entry->distributed) not_hash_distributed(relid);
+  Oid type = entry->column_type;
+  char category;
+  bool preferred;
+  get_type_category_preferred(type, &category, &preferred);
+  if (type != UUIDOID && category != TYPCATEGORY_NUMERIC && category != TYPCATEGORY_STRING)
+    ereport(ERROR, errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+            errmsg("the relay serves a distributed key store routed by a number, a string or "
+                   "a uuid, not by %s",
+                   format_type_be(type)));
+  Oid input, ioparam;
+  getTypeInputInfo(type, &input, &ioparam);
+  int n = entry->nshards;
+  auto found = static_cast<Datum*>(palloc0(sizeof(Datum) * Max(n, 1)));
+  auto have = static_cast<bool*>(palloc0(sizeof(bool) * Max(n, 1)));
+  int missing = n;
+  int64 limit = type == INT2OID ? PG_INT16_MAX : kTries;
+  for (int64 i = 0; missing > 0 && i <= limit; i++) {
+    char text[48];
+    if (type == UUIDOID)
+      snprintf(text, sizeof(text), "00000000-0000-4000-8000-%012llx", static_cast<long long>(i));
+    else
+      snprintf(text, sizeof(text), INT64_FORMAT, i);
+    Datum value = OidInputFunctionCall(input, text, ioparam, -1);
+    int index = route_in(entry, value).shard_index;
+    if (!have[index]) {
+      have[index] = true;
+      found[index] = value;
+      missing--;
+    }
+  }
+  if (missing > 0)
+    ereport(ERROR, errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+            errmsg("no routing value for %d of the %d shards of \"%s\" was found", missing, n,
+                   get_rel_name(relid)));
+  *values = found;
+  return n;
 }
 
 int citus_local_shards(Oid relid, int64** shardids) {

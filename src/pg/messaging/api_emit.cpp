@@ -38,15 +38,23 @@ static std::string_view bytes_of(const void* value) {
           errdetail("It did not end within idempotency.wait_timeout."), errhint("Retry later."));
 }
 
-// The aggregate's next seq, counted in outbox_aggregates: the counter's row, written
-// here, makes the next emitter for the aggregate wait until this transaction ends.
-// With `holder`, nothing waits for another transaction holding the counter: then no
-// seq, and *holder is that transaction.
+// An event's place among its aggregate's.
+struct EventOrder {
+  int64 seq;
+  int64 position;
+};
+
+// The aggregate's next seq, counted in outbox_aggregates, and the event's position,
+// drawn after the seq, so that an aggregate's events take positions in seq order: the
+// counter's row, written here, makes the next emitter for the aggregate wait until
+// this transaction ends. With `holder`, nothing waits for another transaction holding
+// the counter: then nothing is taken, and *holder is that transaction.
 // In a shard of routed_outbox_aggregates, the counter is the (topic, aggregate,
-// route)'s.
-static std::optional<int64> take_seq(const MessagingTarget& target, text* topic, text* aggregate,
-                                     const LockSecret& secret, TimestampTz deadline,
-                                     TransactionId* holder = nullptr) {
+// route)'s, and it keeps the last position (core next_position).
+static std::optional<EventOrder> take_seq(const MessagingTarget& target, text* topic,
+                                          text* aggregate, const LockSecret& secret,
+                                          TimestampTz deadline, TransactionId* holder = nullptr) {
+  namespace col = aggregate_column;
   const MessagingOids& oids = target.oids;
   Table counters;
   open_table(&counters, oids.aggregates, true);
@@ -58,21 +66,25 @@ static std::optional<int64> take_seq(const MessagingTarget& target, text* topic,
   if (target.routed)
     ScanKeyInit(&keys[2], 3, BTEqualStrategyNumber,  // the primary key's 3rd column
                 target.aggregates_route_eq, target.route);
-  int64 seq = 0;
-  Datum values[aggregate_column::kCount + 1] = {PointerGetDatum(topic), PointerGetDatum(aggregate),
-                                                0, target.route};
-  bool nulls[aggregate_column::kCount + 1] = {};
+  EventOrder order{};
+  Datum values[col::kRoutedCount] = {PointerGetDatum(topic), PointerGetDatum(aggregate), 0,
+                                     target.route, 0};
+  bool nulls[col::kRoutedCount] = {};
   LOCKTAG lock =
       messaging_lock(MessagingLock::kAggregate, {bytes_of(topic), bytes_of(aggregate)}, secret);
   KeyedLoop loop(&counters, oids.aggregates_pkey, keys, target.routed ? 3 : 2, lock, deadline,
                  holder != nullptr ? KeyedLoop::kReturnBusy : KeyedLoop::kWait);
   bool found;
   while (loop.next(&found)) {
-    std::optional<int64> last;
+    std::optional<int64> last_seq, last_position;
     bool isnull;
-    if (found) last = DatumGetInt64(column(&counters, aggregate_column::kLastSeq, &isnull));
-    seq = next_seq(last);
-    values[aggregate_column::kLastSeq - 1] = Int64GetDatum(seq);
+    if (found) last_seq = DatumGetInt64(column(&counters, col::kLastSeq, &isnull));
+    if (found && target.routed)
+      last_position = DatumGetInt64(column(&counters, col::kLastPosition, &isnull));
+    order.seq = next_seq(last_seq);
+    order.position = next_position(last_position, nextval_internal(oids.position, false));
+    values[col::kLastSeq - 1] = Int64GetDatum(order.seq);
+    values[col::kLastPosition - 1] = Int64GetDatum(order.position);
     loop.apply(KeyedWrite{found ? KeyedWrite::kUpdate : KeyedWrite::kInsert, values, nulls});
   }
   if (loop.timed_out()) raise_emit_in_progress("aggregate");
@@ -81,7 +93,7 @@ static std::optional<int64> take_seq(const MessagingTarget& target, text* topic,
     *holder = loop.holder();
     return std::nullopt;
   }
-  return seq;
+  return order;
 }
 
 static Datum emit(FunctionCallInfo fcinfo) {
@@ -113,15 +125,15 @@ static Datum emit(FunctionCallInfo fcinfo) {
   bool nulls[col::kCount + 1] = {};
   values[col::kCount] = target.route;  // in a shard of routed_outbox, the last column
   // The event's row, once it is known that no event has its id.
-  auto event_row = [&](std::optional<int64> seq) {
+  auto event_row = [&](std::optional<EventOrder> order) {
     values[col::kEventId - 1] = PointerGetDatum(event_id);
-    // After the seq: an aggregate's events take positions in seq order.
-    values[col::kPosition - 1] = Int64GetDatum(nextval_internal(oids.position, false));
+    values[col::kPosition - 1] =
+        Int64GetDatum(order ? order->position : nextval_internal(oids.position, false));
     values[col::kTopic - 1] = PointerGetDatum(topic);
     nulls[col::kAggregate - 1] = aggregate == nullptr;
     values[col::kAggregate - 1] = PointerGetDatum(aggregate);
-    nulls[col::kSeq - 1] = !seq;
-    values[col::kSeq - 1] = seq ? Int64GetDatum(*seq) : 0;
+    nulls[col::kSeq - 1] = !order;
+    values[col::kSeq - 1] = order ? Int64GetDatum(order->seq) : 0;
     values[col::kPayload - 1] = payload;
     nulls[col::kHeaders - 1] = no_headers;
     values[col::kHeaders - 1] = headers;
@@ -135,9 +147,9 @@ static Datum emit(FunctionCallInfo fcinfo) {
   Table outbox;
   open_table(&outbox, oids.outbox, true);
   if (!given_id) {
-    std::optional<int64> seq;
-    if (aggregate != nullptr) seq = take_seq(target, topic, aggregate, secret, deadline);
-    KeyedWrite row = event_row(seq);
+    std::optional<EventOrder> order;
+    if (aggregate != nullptr) order = take_seq(target, topic, aggregate, secret, deadline);
+    KeyedWrite row = event_row(order);
     table_insert(&outbox, row.values, row.nulls);
   } else {
     // At most one event per id (and route, in a shard of routed_outbox): an event
@@ -151,17 +163,17 @@ static Datum emit(FunctionCallInfo fcinfo) {
     KeyedLoop loop(&outbox, oids.outbox_pkey, keys, target.routed ? 2 : 1, lock, deadline);
     bool found;
     while (loop.next(&found)) {
-      std::optional<int64> seq;
+      std::optional<EventOrder> order;
       TransactionId holder = InvalidTransactionId;
       if (!found && aggregate != nullptr &&
-          !(seq = take_seq(target, topic, aggregate, secret, deadline, &holder))) {
+          !(order = take_seq(target, topic, aggregate, secret, deadline, &holder))) {
         // The aggregate's holder is waited for without the id's lock (it may be about
         // to emit this id), then the id is looked at again.
         loop.wait_for(holder);
         if (loop.timed_out()) raise_emit_in_progress("aggregate");
         continue;
       }
-      loop.apply(found ? KeyedWrite{} : event_row(seq));
+      loop.apply(found ? KeyedWrite{} : event_row(order));
     }
     if (loop.timed_out()) raise_emit_in_progress("event id");
   }

@@ -4,9 +4,19 @@
 // rows without queueing: a relay never waits for another relay's batch. Ack, dead and
 // retry wait for an event another transaction is writing, in the lock queue (the
 // deadlock detector sees them), until idempotency.wait_timeout.
+// With a distributed key store a client's call serves every shard of
+// idempotency.routed_outbox: it calls the function's twin (<function>_routed, one
+// more argument: a routing value) once per shard, through Citus, which runs it on the
+// shard's node, where it works on that shard as on the node-local outbox. An
+// aggregate's events are all in one shard (they share a routing value), so the
+// per-aggregate order of each shard's batch is the order of the whole batch.
+#include <algorithm>
 #include <optional>
 
 #include "core/outbox.hpp"
+#include "pg/citus/citus_forward.hpp"
+#include "pg/citus/citus_meta.hpp"
+#include "pg/keys/key_row.hpp"
 #include "pg/keys/arguments.hpp"
 #include "pg/common/errors.hpp"
 #include "pg/common/function_ref.hpp"
@@ -17,7 +27,9 @@
 extern "C" {
 #include "access/htup_details.h"
 #include "catalog/pg_type.h"
+#include "common/pg_prng.h"
 #include "funcapi.h"
+#include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "tcop/utility.h"
 #include "utils/array.h"
@@ -32,6 +44,65 @@ extern "C" {
 namespace idempotency {
 
 namespace col = outbox_column;
+
+// ---------------------------------------------------------------------------
+// Where a relay function runs
+// ---------------------------------------------------------------------------
+
+// With a distributed key store, a client's call (not the twin's, which has argument
+// `route_arg`) runs on every shard: returns idempotency.routed_outbox, else InvalidOid.
+static Oid on_every_shard(FunctionCallInfo fcinfo, int route_arg, const char* function) {
+  if (PG_NARGS() > route_arg) return InvalidOid;
+  Oid outbox = routed_outbox();
+  if (OidIsValid(outbox) && !citus_may_forward(fcinfo))
+    ereport(ERROR, errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+            errmsg("%s cannot serve a distributed key store from inside a call Citus delegated",
+                   function),
+            errdetail("It calls every shard's node through Citus, which a delegated call cannot."),
+            errhint("Call it in the relay's own session, on the coordinator."));
+  return outbox;
+}
+
+// The outbox the call works on: the node-local one, or for the twin the shard of its
+// routing value (argument `route_arg`), on this node.
+static MessagingOids relay_oids(FunctionCallInfo fcinfo, int route_arg, const char* function) {
+  if (PG_NARGS() <= route_arg) return required_messaging_oids();
+  MessagingTarget target;
+  Route route;
+  if (!messaging_target(fcinfo, route_arg, function, &target, &route))
+    elog(ERROR, "%s was to be forwarded from its own twin", function);  // twins never are
+  return target.oids;
+}
+
+// One routing value per shard of the routed outbox, for the twins' calls.
+struct Shards {
+  Datum* routes;
+  int count;
+  Oid type;
+};
+
+static Shards shards_of(Oid outbox) {
+  Shards shards{};
+  shards.count = citus_shard_values(outbox, &shards.routes);
+  CitusColumn column;
+  citus_column(outbox, &column);
+  shards.type = column.type;
+  return shards;
+}
+
+// The sum of the twin's counts over every shard (ack, dead, retry): an event is in one
+// shard, and the twin ignores the ids it does not hold.
+static int64 count_on_every_shard(FunctionCallInfo fcinfo, Oid outbox, int route_arg) {
+  Shards shards = shards_of(outbox);
+  int64 total = 0;
+  for (int i = 0; i < shards.count; i++) {
+    CHECK_FOR_INTERRUPTS();
+    bool isnull;
+    Datum count = citus_forward(fcinfo, route_arg, shards.routes[i], shards.type, &isnull);
+    if (!isnull) total += DatumGetInt64(count);
+  }
+  return total;
+}
 
 // The event's columns as idem_outbox_claim and idem_outbox_dead_letters return them
 // (the claim's result has no reason: the tuplestore takes the columns of its type).
@@ -103,6 +174,25 @@ static bool topic_wanted(Datum topic, const Topics& topics) {
   return topics.all;
 }
 
+// The batch from every shard: each asked for what the batch still lacks, from a
+// random first shard on (relays calling at once start at different shards, and no
+// shard's backlog starves the others').
+static void claim_on_every_shard(FunctionCallInfo fcinfo, ReturnSetInfo* rsinfo, Oid outbox,
+                                 int32 max_events) {
+  Shards shards = shards_of(outbox);
+  NullableDatum args[4];
+  memcpy(args, fcinfo->args, sizeof(args));
+  int first = static_cast<int>(pg_prng_uint64_range(&pg_global_prng_state, 0, shards.count - 1));
+  int64 handed_out = 0;
+  for (int i = 0; i < shards.count && handed_out < max_events; i++) {
+    CHECK_FOR_INTERRUPTS();
+    args[1].value = Int32GetDatum(max_events - static_cast<int32>(handed_out));
+    citus_forward_rows(fcinfo, 4, shards.routes[(first + i) % shards.count], shards.type,
+                       rsinfo->setResult, rsinfo->setDesc, args);
+    handed_out = tuplestore_tuple_count(rsinfo->setResult);
+  }
+}
+
 static Datum outbox_claim(FunctionCallInfo fcinfo) {
   text* relay = name_argument(fcinfo, 0, "relay");
   require_argument(fcinfo, 1, "max_events");
@@ -116,11 +206,15 @@ static Datum outbox_claim(FunctionCallInfo fcinfo) {
     ereport(ERROR, errcode(ERRCODE_INVALID_PARAMETER_VALUE), errmsg("lease must be positive"));
   Topics topics = topics_argument(fcinfo, 3);
   PreventCommandIfReadOnly("idem_outbox_claim()");
-  refuse_with_distributed_store("idem_outbox_claim");
+  Oid routed = on_every_shard(fcinfo, 4, "idem_outbox_claim");
   InitMaterializedSRF(fcinfo, 0);
   auto rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+  if (OidIsValid(routed)) {
+    claim_on_every_shard(fcinfo, rsinfo, routed, max_events);
+    return (Datum)0;
+  }
 
-  MessagingOids oids = required_messaging_oids();
+  MessagingOids oids = relay_oids(fcinfo, 4, "idem_outbox_claim");
   HASHCTL gate_control{};
   gate_control.keysize = sizeof(GateKey);
   gate_control.entrysize = sizeof(GateEntry);
@@ -258,8 +352,9 @@ static Datum outbox_ack(FunctionCallInfo fcinfo) {
   text* relay = name_argument(fcinfo, 0, "relay");
   ArrayType* ids = ids_argument(fcinfo, 1);
   PreventCommandIfReadOnly("idem_outbox_ack()");
-  refuse_with_distributed_store("idem_outbox_ack");
-  MessagingOids oids = required_messaging_oids();
+  Oid routed = on_every_shard(fcinfo, 2, "idem_outbox_ack");
+  if (OidIsValid(routed)) PG_RETURN_INT64(count_on_every_shard(fcinfo, routed, 2));
+  MessagingOids oids = relay_oids(fcinfo, 2, "idem_outbox_ack");
   Table outbox;
   open_table(&outbox, oids.outbox, true);
   TimestampTz now = GetCurrentTimestamp();
@@ -279,8 +374,9 @@ static Datum outbox_dead(FunctionCallInfo fcinfo) {
   text* reason = PG_ARGISNULL(2) ? nullptr : PG_GETARG_TEXT_PP(2);
   if (reason != nullptr) check_stored_size(PointerGetDatum(reason), "reason");
   PreventCommandIfReadOnly("idem_outbox_dead()");
-  refuse_with_distributed_store("idem_outbox_dead");
-  MessagingOids oids = required_messaging_oids();
+  Oid routed = on_every_shard(fcinfo, 3, "idem_outbox_dead");
+  if (OidIsValid(routed)) PG_RETURN_INT64(count_on_every_shard(fcinfo, routed, 3));
+  MessagingOids oids = relay_oids(fcinfo, 3, "idem_outbox_dead");
   Table outbox;
   open_table(&outbox, oids.outbox, true);
   auto next = [](const OutboxEvent& event) {
@@ -294,8 +390,9 @@ static Datum outbox_dead(FunctionCallInfo fcinfo) {
 
 static Datum outbox_retry(FunctionCallInfo fcinfo) {
   PreventCommandIfReadOnly("idem_outbox_retry()");
-  refuse_with_distributed_store("idem_outbox_retry");
-  MessagingOids oids = required_messaging_oids();
+  Oid routed = on_every_shard(fcinfo, 1, "idem_outbox_retry");
+  if (OidIsValid(routed)) PG_RETURN_INT64(count_on_every_shard(fcinfo, routed, 1));
+  MessagingOids oids = relay_oids(fcinfo, 1, "idem_outbox_retry");
   Table outbox;
   open_table(&outbox, oids.outbox, true);
   auto next = [](const OutboxEvent& event) {
@@ -321,13 +418,44 @@ static Datum outbox_retry(FunctionCallInfo fcinfo) {
   PG_RETURN_INT64(requeued);
 }
 
+// Every shard's oldest `max_rows` dead letters, then the oldest of them all (by
+// emitted_at: positions are each node's own), in the shards' order where equal.
+static void dead_letters_on_every_shard(FunctionCallInfo fcinfo, ReturnSetInfo* rsinfo, Oid outbox,
+                                        int32 max_rows) {
+  constexpr int kEmittedAt = 7;  // the result's column
+  Shards shards = shards_of(outbox);
+  Tuplestorestate* all = tuplestore_begin_heap(false, false, work_mem);
+  for (int i = 0; i < shards.count; i++) {
+    CHECK_FOR_INTERRUPTS();
+    citus_forward_rows(fcinfo, 2, shards.routes[i], shards.type, all, rsinfo->setDesc);
+  }
+  int64 count = tuplestore_tuple_count(all);
+  auto rows = static_cast<HeapTuple*>(palloc(sizeof(HeapTuple) * Max(count, 1)));
+  TupleTableSlot* slot = MakeSingleTupleTableSlot(rsinfo->setDesc, &TTSOpsMinimalTuple);
+  for (int64 i = 0; i < count && tuplestore_gettupleslot(all, true, false, slot); i++)
+    rows[i] = ExecCopySlotHeapTuple(slot);
+  auto emitted_at = [desc = rsinfo->setDesc](HeapTuple row) {
+    bool isnull;
+    return DatumGetTimestampTz(heap_getattr(row, kEmittedAt, desc, &isnull));
+  };
+  std::stable_sort(rows, rows + count,
+                   [&](HeapTuple a, HeapTuple b) { return emitted_at(a) < emitted_at(b); });
+  for (int64 i = 0; i < count && i < max_rows; i++) tuplestore_puttuple(rsinfo->setResult, rows[i]);
+  ExecDropSingleTupleTableSlot(slot);
+  tuplestore_end(all);
+}
+
 static Datum outbox_dead_letters(FunctionCallInfo fcinfo) {
   text* topic = PG_ARGISNULL(0) ? nullptr : PG_GETARG_TEXT_PP(0);
   int32 max_rows = max_rows_argument(fcinfo, 1);
   InitMaterializedSRF(fcinfo, 0);
   auto rsinfo = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
-  refuse_with_distributed_store("idem_outbox_dead_letters");
-  MessagingOids oids = required_messaging_oids();
+  Oid routed = on_every_shard(fcinfo, 2, "idem_outbox_dead_letters");
+  if (OidIsValid(routed)) {
+    dead_letters_on_every_shard(fcinfo, rsinfo, routed, max_rows);
+    return (Datum)0;
+  }
+  MessagingOids oids = relay_oids(fcinfo, 2, "idem_outbox_dead_letters");
   Table outbox;
   open_table(&outbox, oids.outbox, false);
   IndexCursor dead;

@@ -98,14 +98,24 @@ bool messaging_oids(MessagingOids* oids) {
   return true;
 }
 
-void refuse_with_distributed_store(const char* function) {
-  if (OidIsValid(extension_relation("routed_keys")))
-    ereport(ERROR, errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-            errmsg("%s is not supported with a distributed key store yet", function),
-            errdetail("Events emitted with a routing value are stored in the shards of "
-                      "idempotency.routed_outbox, which the relay functions do not serve yet."),
-            errhint("Read the events from idempotency.routed_outbox on the coordinator until "
-                    "a later version relays them."));
+// The routed messaging tables of a distributed store, which a store distributed with
+// 1.3 has only once idempotency.distribute_messaging() made them.
+static void routed_tables(Oid* outbox, Oid* aggregates, Oid* applied) {
+  *outbox = extension_relation("routed_outbox");
+  *aggregates = extension_relation("routed_outbox_aggregates");
+  *applied = extension_relation("routed_applied_versions");
+  if (!OidIsValid(*outbox) || !OidIsValid(*aggregates) || !OidIsValid(*applied))
+    ereport(ERROR, errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+            errmsg("the key store is distributed, but its messaging tables are not"),
+            errdetail("A store distributed with version 1.3 has no idempotency.routed_outbox."),
+            errhint("Run SELECT idempotency.distribute_messaging(); on the coordinator."));
+}
+
+Oid routed_outbox() {
+  if (!OidIsValid(extension_relation("routed_keys"))) return InvalidOid;
+  Oid outbox, aggregates, applied;
+  routed_tables(&outbox, &aggregates, &applied);
+  return outbox;
 }
 
 // A relation of shard `shardid` of routed table `base`, named as Citus names them
@@ -175,14 +185,8 @@ bool messaging_target(FunctionCallInfo fcinfo, int route_arg, const char* functi
                    "rows",
                    function),
             errhint("Pass the business row's distribution value: route => ..."));
-  Oid outbox = extension_relation("routed_outbox");
-  Oid aggregates = extension_relation("routed_outbox_aggregates");
-  Oid applied = extension_relation("routed_applied_versions");
-  if (!OidIsValid(outbox) || !OidIsValid(aggregates) || !OidIsValid(applied))
-    ereport(ERROR, errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-            errmsg("the key store is distributed, but its messaging tables are not"),
-            errdetail("A store distributed with version 1.3 has no idempotency.routed_outbox."),
-            errhint("Run SELECT idempotency.distribute_messaging(); on the coordinator."));
+  Oid outbox, aggregates, applied;
+  routed_tables(&outbox, &aggregates, &applied);
   // The three are co-located: one lock orders the call with moves of them all.
   CitusRoute where = routed_shard(outbox, route);
   if (!where.local) {
@@ -210,9 +214,12 @@ bool messaging_target(FunctionCallInfo fcinfo, int route_arg, const char* functi
   oids.applied_expires = shard_relation("routed_applied_versions_expires_at_idx", applied_shard);
   check_columns(oids.outbox, with_route(kOutboxColumns, outbox_column::kCount, route->type),
                 outbox_column::kCount + 1);
-  check_columns(oids.aggregates,
-                with_route(kAggregateColumns, aggregate_column::kCount, route->type),
-                aggregate_column::kCount + 1);
+  ColumnSpec aggregate_columns[aggregate_column::kRoutedCount] = {{"topic", TEXTOID},
+                                                                  {"aggregate", TEXTOID},
+                                                                  {"last_seq", INT8OID},
+                                                                  {"route", route->type},
+                                                                  {"last_position", INT8OID}};
+  check_columns(oids.aggregates, aggregate_columns, aggregate_column::kRoutedCount);
   ColumnSpec* applied_columns = with_route(kAppliedColumns, applied_column::kCount, route->type);
   applied_columns[applied_column::kRole - 1] = {"role", InvalidOid, "idem_role"};
   check_columns(oids.applied, applied_columns, applied_column::kCount + 1);

@@ -30,9 +30,12 @@ constexpr int kCount = kReason;
 }  // namespace outbox_column
 
 // Of idempotency.outbox_aggregates.
+// In a shard of routed_outbox_aggregates, then the route and the position of the
+// aggregate's last event (a shard's own order: docs/design-citus.md section 9).
 namespace aggregate_column {
-enum : int { kTopic = 1, kAggregate, kLastSeq };
+enum : int { kTopic = 1, kAggregate, kLastSeq, kRoute, kLastPosition };
 constexpr int kCount = kLastSeq;
+constexpr int kRoutedCount = kLastPosition;
 }  // namespace aggregate_column
 
 // Of idempotency.applied_versions.
@@ -95,9 +98,9 @@ int local_applied_shards(AppliedShard** shards);
 bool messaging_oids(MessagingOids* oids);
 // The same, raising 55000 (run ALTER EXTENSION idempotency UPDATE) when absent.
 MessagingOids required_messaging_oids();
-// 0A000 when the key store is distributed with Citus (idem_distribute), for the relay
-// functions: they read the node-local outbox, and do not serve the shards of
-// idempotency.routed_outbox, where events emitted with a routing value are.
-void refuse_with_distributed_store(const char* function);
+// With a distributed key store (idem_distribute), idempotency.routed_outbox, where
+// events emitted with a routing value are (55000 when a store distributed with 1.3 has
+// no messaging tables yet); InvalidOid with a node-local store.
+Oid routed_outbox();
 
 }  // namespace idempotency

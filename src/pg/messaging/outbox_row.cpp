@@ -60,11 +60,14 @@ AppliedRecord read_applied(Table* applied) {
 
 Write write_event(Table* outbox, const OutboxEvent& next, const text* relay, const text* reason,
                   bool set_reason, bool locked) {
-  Datum values[kCount];
-  bool nulls[kCount];
+  // A shard of routed_outbox has one more column, the route: kept as it is.
+  Datum values[kCount + 1];
+  bool nulls[kCount + 1];
+  int natts = outbox->slot->tts_tupleDescriptor->natts;
+  if (natts > kCount + 1) elog(ERROR, "idempotency's outbox has %d columns", natts);
   slot_getallattrs(outbox->slot);
-  memcpy(values, outbox->slot->tts_values, sizeof(values));
-  memcpy(nulls, outbox->slot->tts_isnull, sizeof(nulls));
+  memcpy(values, outbox->slot->tts_values, sizeof(Datum) * natts);
+  memcpy(nulls, outbox->slot->tts_isnull, sizeof(bool) * natts);
   values[kState - 1] = CharGetDatum(static_cast<char>(next.state));
   values[kAttempt - 1] = Int32GetDatum(next.attempt);
   nulls[kLeaseExpiresAt - 1] = !next.lease_expires_at;

@@ -1,0 +1,267 @@
+# The relay on a distributed store (SPEC v1.3, "Scale-out with Citus"; issue 34): the
+# relay functions called on the coordinator serve every shard's events. A coordinator
+# and two workers, `payments` distributed by `account` in 4 shards, the key store and
+# the messaging tables distributed with it.
+#
+#   (f) a topic filter, over every shard;
+#   (c) two relays taking turns (claim, claim, ack, ack): every event handed out once,
+#       in per-aggregate seq order across both relays; every ack counted;
+#   (l) a lease run out: the event goes to the other relay (attempt 2), the late ack
+#       of the first is ignored;
+#   (x) dead letters on two workers: listed oldest first, they stop blocking their
+#       aggregate, and idem_outbox_retry puts them back with their seq;
+#   (t) in a transaction block: a rolled-back claim or ack leaves nothing behind;
+#   (m) a shard moved (block_writes, then back in logical mode) while a relay holds a
+#       lease on one of its events, to a node whose own position sequence is far
+#       behind: the ack after the move counts, and the aggregate's later events are
+#       still handed out in seq order;
+#   (v) a relay function inside a call Citus delegated: 0A000;
+#   (k) at the end nothing is pending, each event delivered once; amcheck on every
+#       shard of routed_outbox.
+#
+# Needs Citus installed in the PostgreSQL under test, like 017_citus.pl (IDEM_CITUS).
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/lib";
+use IdemCitus;
+
+IdemCitus::require_citus();
+
+my $accounts = 12;
+my $per_account = 5;
+
+my ($coordinator, $worker1, $worker2) = IdemCitus::start_cluster();
+my @nodes = ($coordinator, $worker1, $worker2);
+my @workers = ($worker1, $worker2);
+# The producer's and the relay's grants on every node, before idem_distribute (which
+# gives the twins the grants of the functions they stand for).
+$coordinator->safe_psql('postgres', 'CREATE ROLE app LOGIN; CREATE ROLE relay LOGIN');
+$_->safe_psql('postgres', q{
+	GRANT EXECUTE ON FUNCTION idem_emit TO app;
+	GRANT EXECUTE ON FUNCTION idem_outbox_claim, idem_outbox_ack, idem_outbox_dead,
+	  idem_outbox_retry, idem_outbox_dead_letters TO relay;}) for @nodes;
+$coordinator->safe_psql('postgres', 'SET citus.shard_count = 4;'
+	  . PostgreSQL::Test::Utils::slurp_file("$FindBin::RealBin/../../examples/create_payment_citus.sql"));
+
+sub query { return $coordinator->safe_psql('postgres', $_[0]) }
+sub as_app { return $coordinator->safe_psql('postgres', $_[0], extra_params => [ '-U', 'app' ]) }
+sub as_relay { return $coordinator->safe_psql('postgres', $_[0], extra_params => [ '-U', 'relay' ]) }
+
+sub sqlstate_of {
+	my ($sql, $user) = @_;
+	my ($out, $err) = ('', '');
+	$coordinator->psql('postgres', "\\set VERBOSITY verbose\n$sql", stdout => \$out,
+		stderr => \$err, extra_params => [ '-U', $user ]);
+	return $err =~ /ERROR:\s+([0-9A-Z]{5}):/ ? $1 : "no error ($out)";
+}
+
+# A batch as rows [event_id, aggregate, seq, attempt], in the order handed out.
+sub rows_of {
+	my ($out) = @_;
+	return [ map { [ split /\|/, $_, -1 ] } grep { $_ ne '' } split /\n/, $out ];
+}
+my $claim_columns = q{event_id, coalesce(aggregate, ''), coalesce(seq::text, ''), attempt};
+sub claim {
+	my ($relay, $max, $extra) = @_;
+	$extra //= '';
+	return rows_of(as_relay(qq{SELECT $claim_columns FROM idem_outbox_claim('$relay', $max$extra)}));
+}
+sub ids { return q{ARRAY[} . join(',', map { "'$_->[0]'" } @{ $_[0] }) . q{]::idem_key[]} }
+sub ack { my ($relay, $batch) = @_; return as_relay(qq{SELECT idem_outbox_ack('$relay', } . ids($batch) . ')') }
+
+# The node (port) holding the shard of an account's routed_outbox rows.
+sub node_of {
+	return query(qq{SELECT nodeport FROM citus_shards WHERE table_name = 'idempotency.routed_outbox'::regclass
+	                AND shardid = get_shard_id_for_distribution_column('idempotency.routed_outbox', $_[0]::bigint)});
+}
+
+# Events: per account, $per_account of aggregate account-N (seq 1..5), from blocks on
+# the coordinator, and one without aggregate (topic account.touched).
+as_app(join("\n", map {
+	my $a = $_;
+	(map { "BEGIN; SELECT idem_emit('payment.created', '{\"n\": $_}', 'account-$a', route => $a); COMMIT;" } 1 .. $per_account),
+	  "SELECT idem_emit('account.touched', '{}', route => $a);"
+} 1 .. $accounts));
+is(query(q{SELECT count(DISTINCT nodeport) FROM citus_shards WHERE table_name = 'idempotency.routed_outbox'::regclass
+           AND shardid IN (SELECT get_shard_id_for_distribution_column('idempotency.routed_outbox', a::bigint)
+                           FROM generate_series(1, 12) a)}),
+	'2', 'the accounts\' events are in shards on both workers');
+
+# ---------------------------------------------------------------------------------
+# (f) A topic filter, over every shard
+# ---------------------------------------------------------------------------------
+
+my $touched = claim('relay-1', 100, q{, topics => '{account.touched}'});
+is(scalar(@$touched), $accounts, "(f) the topic filter hands out the $accounts events of account.touched");
+is(scalar(grep { $_->[1] eq '' && $_->[2] eq '' && $_->[3] == 1 } @$touched), $accounts,
+	'(f) without aggregate or seq, attempt 1');
+is(ack('relay-1', $touched), $accounts, '(f) all acknowledged');
+
+# ---------------------------------------------------------------------------------
+# (c) Two relays taking turns
+# ---------------------------------------------------------------------------------
+
+my %first_seen;    # event id => handing-out number
+my %order;         # aggregate => [seq, in the order handed out]
+my ($handed, $acked, $rounds) = (0, 0, 0);
+while ($rounds++ < 100) {
+	my $b1 = claim('relay-1', 7);
+	my $b2 = claim('relay-2', 7);
+	last if !@$b1 && !@$b2;
+	for my $row (@$b1, @$b2) {
+		$first_seen{ $row->[0] } //= ++$handed;
+		push @{ $order{ $row->[1] } }, $row->[2];
+	}
+	$acked += ack('relay-1', $b1) if @$b1;
+	$acked += ack('relay-2', $b2) if @$b2;
+}
+my $events = $accounts * $per_account;
+is(scalar(keys %first_seen) . "|$handed|$acked", "$events|$events|$events",
+	"(c) two relays: each of the $events events handed out once and acknowledged once");
+is(scalar(grep { join(',', @{ $order{$_} }) eq join(',', 1 .. $per_account) } keys %order), $accounts,
+	"(c) each aggregate's events handed out in seq order 1..$per_account across both relays");
+is(query(q{SELECT count(*) FILTER (WHERE state = 'd') || '|' || count(*) FROM idempotency.routed_outbox}),
+	$events + $accounts . '|' . ($events + $accounts), '(c) every event delivered');
+
+# ---------------------------------------------------------------------------------
+# (l) A lease run out
+# ---------------------------------------------------------------------------------
+
+as_app(q{SELECT idem_emit('late', '{}', 'late-1', event_id => 'late-1', route => 1)});
+my $late = claim('relay-1', 10, q{, lease => '1 millisecond'});
+is(join(',', map { "$_->[0]:$_->[3]" } @$late), 'late-1:1', '(l) relay-1 takes the event for 1 ms');
+my $again = [];
+for (1 .. 100) {
+	$again = claim('relay-2', 10);
+	last if @$again;
+}
+is(join(',', map { "$_->[0]:$_->[3]" } @$again), 'late-1:2', '(l) its lease ran out: relay-2 has it, attempt 2');
+is(ack('relay-1', $late), '0', '(l) the late ack of relay-1 is ignored');
+is(ack('relay-2', $again), '1', '(l) relay-2\'s ack counts');
+
+# ---------------------------------------------------------------------------------
+# (x) Dead letters on two workers
+# ---------------------------------------------------------------------------------
+
+my ($acc_a, $acc_b) = (1, undef);
+for my $a (2 .. 12) { if (node_of($a) != node_of($acc_a)) { $acc_b = $a; last } }
+as_app(qq{SELECT idem_emit('dl', '{"n": 1}', 'dl-$acc_a', event_id => 'dl-a-1', route => $acc_a);
+          SELECT idem_emit('dl', '{"n": 2}', 'dl-$acc_a', event_id => 'dl-a-2', route => $acc_a);});
+my $poison = claim('relay-1', 1, q{, topics => '{dl}'});
+is(join(',', map { $_->[0] } @$poison), 'dl-a-1', '(x) the first event of dl-a, alone');
+as_app(qq{SELECT idem_emit('dl', '{"n": 1}', 'dl-$acc_b', event_id => 'dl-b-1', route => $acc_b)});
+is(as_relay(q{SELECT idem_outbox_dead('relay-1', '{dl-a-1}', 'poison')}), '1', '(x) dead: 1');
+my $next = claim('relay-1', 10, q{, topics => '{dl}'});
+is(join(',', sort map { "$_->[0]:$_->[2]" } @$next), 'dl-a-2:2,dl-b-1:1',
+	'(x) the dead letter blocks its aggregate no more: dl-a seq 2 and dl-b handed out');
+is(as_relay(q{SELECT idem_outbox_dead('relay-1', '{dl-b-1}', 'poison too')}), '1', '(x) another dead letter, on the other worker');
+is(ack('relay-1', [ grep { $_->[0] eq 'dl-a-2' } @$next ]), '1', '(x) dl-a-2 acknowledged');
+is(as_relay(q{SELECT string_agg(event_id || ':' || reason || ':' || seq, ',') FROM idem_outbox_dead_letters()}),
+	'dl-a-1:poison:1,dl-b-1:poison too:1', '(x) the dead letters of both workers, oldest first, with their reasons');
+is(as_relay(q{SELECT string_agg(event_id::text, ',') FROM idem_outbox_dead_letters(max_rows => 1)}),
+	'dl-a-1', '(x) max_rows over every shard: the oldest');
+is(as_relay(q{SELECT count(*) FROM idem_outbox_dead_letters('other')}), '0', '(x) a topic without dead letters: none');
+is(as_relay(q{SELECT idem_outbox_retry()}), '2', '(x) idem_outbox_retry() puts both back');
+my $retried = claim('relay-1', 10, q{, topics => '{dl}'});
+is(join(',', sort map { "$_->[0]:$_->[2]:$_->[3]" } @$retried), 'dl-a-1:1:2,dl-b-1:1:2',
+	'(x) handed out again with their seq, attempt 2');
+is(ack('relay-1', $retried), '2', '(x) and acknowledged');
+is(as_relay(q{SELECT count(*) FROM idem_outbox_dead_letters()}), '0', '(x) no dead letter left');
+
+# ---------------------------------------------------------------------------------
+# (t) In a transaction block
+# ---------------------------------------------------------------------------------
+
+as_app(join("\n", map { "SELECT idem_emit('tx', '{}', 'tx-$_', event_id => 'tx-$_', route => $_);" } 1 .. 4));
+is(as_relay(qq{BEGIN; SELECT count(*) FROM idem_outbox_claim('relay-1', 10, topics => '{tx}'); ROLLBACK;}),
+	'4', '(t) a claim in a block rolled back ...');
+is(join(',', sort map { "$_->[0]:$_->[3]" } @{ rows_of(as_relay(qq{BEGIN;
+	SELECT $claim_columns FROM idem_outbox_claim('relay-2', 10, topics => '{tx}');
+	SELECT idem_outbox_ack('relay-2', '{tx-1,tx-2,tx-3,tx-4}') \\g /dev/null
+	ROLLBACK;})) }), 'tx-1:1,tx-2:1,tx-3:1,tx-4:1', '(t) ... leased nothing: another relay has them at attempt 1');
+my $tx = rows_of(as_relay(qq{BEGIN; SELECT $claim_columns FROM idem_outbox_claim('relay-1', 10, topics => '{tx}'); COMMIT;}));
+is(join(',', sort map { "$_->[0]:$_->[3]" } @$tx), 'tx-1:1,tx-2:1,tx-3:1,tx-4:1',
+	'(t) the ack rolled back too: still pending, attempt 1');
+is(as_relay(q{BEGIN; SELECT idem_outbox_ack('relay-1', '{tx-1,tx-2,tx-3,tx-4}'); COMMIT;}), '4',
+	'(t) claimed and acknowledged in committed blocks');
+
+# ---------------------------------------------------------------------------------
+# (m) A shard moved during relaying
+# ---------------------------------------------------------------------------------
+
+my $from = node_of(1);
+my ($source) = grep { $_->port == $from } @workers;
+my ($target) = grep { $_->port != $from } @workers;
+# The source numbers far ahead of the target: the aggregate's events emitted after the
+# move take lower numbers from the target's own sequence.
+$source->safe_psql('postgres', q{SELECT setval('idempotency.outbox_position', 1000000)});
+as_app(join("\n", map { "SELECT idem_emit('moved', '{}', 'mv-1', event_id => 'mv-$_', route => 1);" } 1 .. 3));
+my $held = claim('relay-1', 1, q{, topics => '{moved}'});
+is(join(',', map { "$_->[0]:$_->[2]" } @$held), 'mv-1:1', '(m) relay-1 holds the lease of mv-1 (seq 1)');
+my $shard = query(q{SELECT get_shard_id_for_distribution_column('idempotency.routed_outbox', 1::bigint)});
+query(sprintf(q{SELECT citus_move_shard_placement(%d, '127.0.0.1', %d, '127.0.0.1', %d, shard_transfer_mode => 'block_writes')},
+	$shard, $from, $target->port));
+is(node_of(1), $target->port, '(m) the shard of account 1 moved to the other worker');
+as_app(join("\n", map { "SELECT idem_emit('moved', '{}', 'mv-1', event_id => 'mv-$_', route => 1);" } 4 .. 6));
+is(query(q{SELECT count(*) FROM idempotency.routed_outbox WHERE aggregate = 'mv-1' AND seq > 3
+           AND position > (SELECT max(position) FROM idempotency.routed_outbox WHERE aggregate = 'mv-1' AND seq <= 3)}),
+	'3', '(m) the events emitted after the move come after the earlier ones in their shard\'s order');
+is($target->safe_psql('postgres', q{SELECT last_value < 1000000 FROM idempotency.outbox_position}), 't',
+	'(m) although the target\'s own sequence is far behind');
+is(ack('relay-1', $held), '1', '(m) the ack after the move reaches the event on its new node');
+my $rest = claim('relay-2', 100, q{, topics => '{moved}'});
+is(join(',', map { $_->[2] } @$rest), '2,3,4,5,6', '(m) the rest in seq order, none lost');
+# Back, in logical mode, with a lease held again.
+as_app(q{SELECT idem_emit('moved', '{}', 'mv-1', event_id => 'mv-7', route => 1)});
+is(ack('relay-2', $rest), '5', '(m) acknowledged');
+$held = claim('relay-1', 10, q{, topics => '{moved}'});
+query(sprintf(q{SELECT citus_move_shard_placement(%d, '127.0.0.1', %d, '127.0.0.1', %d, shard_transfer_mode => 'force_logical')},
+	$shard, $target->port, $from));
+is(node_of(1), $from, '(m) moved back in logical mode');
+as_app(q{SELECT idem_emit('moved', '{}', 'mv-1', event_id => 'mv-8', route => 1)});
+is(ack('relay-1', $held), '1', '(m) the ack after the move back counts');
+is(join(',', map { $_->[2] } @{ claim('relay-2', 100, q{, topics => '{moved}'}) }), '8',
+	'(m) and the next event follows: nothing lost, nothing reordered');
+as_relay(q{SELECT idem_outbox_ack('relay-2', '{mv-8}')});
+
+# ---------------------------------------------------------------------------------
+# (v) Inside a call Citus delegated
+# ---------------------------------------------------------------------------------
+
+query(q{
+	CREATE FUNCTION relay_inside(p_account bigint) RETURNS bigint LANGUAGE sql
+	  AS $$ SELECT count(*) FROM idem_outbox_claim('inside') $$;
+	SELECT create_distributed_function('relay_inside(bigint)', 'p_account', colocate_with => 'payments');
+	GRANT EXECUTE ON FUNCTION relay_inside TO relay;});
+is(sqlstate_of(q{SELECT relay_inside(1)}, 'relay'), '0A000', '(v) a relay function in a delegated call: 0A000');
+is(sqlstate_of(q{SELECT * FROM idem_outbox_claim('r')}, 'app'), '42501', '(v) a role without the grant: 42501');
+
+# ---------------------------------------------------------------------------------
+# (k) Nothing pending; amcheck on every shard
+# ---------------------------------------------------------------------------------
+
+is(query(q{SELECT count(*) FILTER (WHERE state <> 'd') || '|' || count(*) FILTER (WHERE attempt = 0)
+           FROM idempotency.routed_outbox}), '0|0', '(k) every event delivered, none never handed out');
+is(scalar(@{ claim('relay-1', 100) }), 0, '(k) a claim finds nothing more');
+for my $worker (@workers) {
+	my $checked = $worker->safe_psql('postgres', q{
+		SET citus.override_table_visibility = off;
+		SELECT count(bt_index_parent_check(c.oid, true))
+		FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
+		WHERE c.relnamespace = 'idempotency'::regnamespace
+		  AND c.relname ~ '^routed_outbox.*_[0-9]+$'
+		  AND substring(c.relname from '_([0-9]+)$')::bigint IN (
+		        SELECT shardid FROM pg_dist_placement
+		        WHERE groupid = (SELECT groupid FROM pg_dist_local_group))});
+	my $shards = query(sprintf(q{SELECT count(*) FROM citus_shards
+		WHERE table_name = 'idempotency.routed_outbox'::regclass AND nodeport = %d}, $worker->port));
+	# 4 indexes of routed_outbox, 1 of the aggregates.
+	is($checked, 5 * $shards, $worker->name . ": amcheck passed on the 5 outbox indexes of each of its $shards shards");
+}
+
+$_->stop for @nodes;
+done_testing();
