@@ -15,6 +15,8 @@
 #       lease on one of its events, to a node whose own position sequence is far
 #       behind: the ack after the move counts, and the aggregate's later events are
 #       still handed out in seq order;
+#   (s) one relay session claiming and acknowledging (acks go to the shards it was
+#       handed the events from), the shard of an event split in between;
 #   (v) a relay function inside a call Citus delegated: 0A000;
 #   (k) at the end nothing is pending, each event delivered once; amcheck on every
 #       shard of routed_outbox.
@@ -227,6 +229,35 @@ is(ack('relay-1', $held), '1', '(m) the ack after the move back counts');
 is(join(',', map { $_->[2] } @{ claim('relay-2', 100, q{, topics => '{moved}'}) }), '8',
 	'(m) and the next event follows: nothing lost, nothing reordered');
 as_relay(q{SELECT idem_outbox_ack('relay-2', '{mv-8}')});
+
+# ---------------------------------------------------------------------------------
+# (s) One relay session claiming and acknowledging (it remembers each event's shard),
+#     with the shard of one of its events split in between
+# ---------------------------------------------------------------------------------
+
+my $session = $coordinator->background_psql('postgres', extra_params => [ '-U', 'relay' ]);
+as_app(join("\n", map { "SELECT idem_emit('session', '{}', 'ss-$_', event_id => 'ss-$_', route => $_);" } 1 .. $accounts));
+is($session->query_safe(q{SELECT count(*) FROM idem_outbox_claim('relay-s', 100, topics => '{session}')}),
+	$accounts, "(s) the session's relay takes $accounts events of every shard");
+is($session->query_safe(q{SELECT idem_outbox_ack('relay-s', ARRAY['ss-1', 'ss-2']::idem_key[])}), '2',
+	'(s) its ack of two of them counts both');
+my ($split, $min, $max, $port) = split /\|/, query(q{
+	SELECT s.shardid || '|' || s.shardminvalue || '|' || s.shardmaxvalue || '|' || c.nodeport
+	FROM pg_dist_shard s JOIN citus_shards c USING (shardid)
+	WHERE s.shardid = get_shard_id_for_distribution_column('idempotency.routed_outbox', 3::bigint)});
+my %node_id = map { split /\|/ } split /\n/, query(q{SELECT nodeport, nodeid FROM pg_dist_node WHERE groupid > 0});
+my ($other) = grep { $_ != $port } keys %node_id;
+query(sprintf(q{SELECT citus_split_shard_by_split_points(%d, ARRAY['%d'], ARRAY[%d, %d], shard_transfer_mode => 'block_writes')},
+	$split, int(($min + $max) / 2), $node_id{$port}, $node_id{$other}));
+isnt(query(q{SELECT get_shard_id_for_distribution_column('idempotency.routed_outbox', 3::bigint)}), $split,
+	'(s) the shard of account 3 split in two');
+is($session->query_safe(q{SELECT idem_outbox_ack('relay-s', (SELECT array_agg(('ss-' || a)::idem_key) FROM generate_series(3, 12) a))}),
+	$accounts - 2, '(s) the ack of the rest after the split counts every one, the split shard\'s too');
+is($session->query_safe(q{SELECT idem_outbox_ack('relay-s', ARRAY['ss-1', 'ss-3']::idem_key[])}), '0',
+	'(s) acknowledged twice: nothing more');
+$session->quit;
+is(query(q{SELECT count(*) FROM idempotency.routed_outbox WHERE topic = 'session' AND state = 'd'}), $accounts,
+	'(s) all delivered');
 
 # ---------------------------------------------------------------------------------
 # (v) Inside a call Citus delegated

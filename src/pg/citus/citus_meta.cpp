@@ -329,7 +329,7 @@ bool citus_column(Oid relid, CitusColumn* column) {
   return entry->distributed;
 }
 
-int citus_shard_values(Oid relid, Datum** values) {
+int citus_shard_values(Oid relid, Datum** values, int64** shardids) {
   // Hash values spread evenly: a shard of 1/n of the range is met within a few times
   // n tries; the bound is for ranges made tiny by splits.
   constexpr int64 kTries = 1000000;
@@ -370,6 +370,8 @@ int citus_shard_values(Oid relid, Datum** values) {
             errmsg("no routing value for %d of the %d shards of \"%s\" was found", missing, n,
                    get_rel_name(relid)));
   *values = found;
+  *shardids = static_cast<int64*>(palloc(sizeof(int64) * Max(n, 1)));
+  for (int i = 0; i < n; i++) (*shardids)[i] = entry->shards[i].shardid;
   return n;
 }
 

@@ -60,13 +60,12 @@ struct CitusColumn {
 bool citus_column(Oid relid, CitusColumn* column);
 
 // One value of the distribution column of hash-distributed table `relid` for each of
-// its shards, in shard order (the shards sorted by hash range), in the current memory
-// context; returns how many. Citus routes a call by a value, not a shard, so this is
-// how a call is sent to every shard (the relay's). Found by trying "0", "1", ... (a
-// uuid: ...-000000000000, ...-000000000001) through the type's input function: ERROR
-// 0A000 for a column type outside the numeric and string categories and uuid, or when
-// no value is found for a shard.
-int citus_shard_values(Oid relid, Datum** values);
+// its shards, in shard order (the shards sorted by hash range), and the shards' ids,
+// in the current memory context; returns how many. Citus routes a call by a value, not a shard, so
+// this is how a call is sent to every shard (the relay's). Found by trying "0", "1", ... (a uuid:
+// ...-000000000000, ...-000000000001) through the type's input function: ERROR 0A000 for a column
+// type outside the numeric and string categories and uuid, or when no value is found for a shard.
+int citus_shard_values(Oid relid, Datum** values, int64** shardids);
 
 // The shards of a hash-distributed table with a placement on this node, in the
 // current memory context; returns how many. None where `relid` is not distributed.

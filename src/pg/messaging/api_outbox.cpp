@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "core/key.hpp"
 #include "core/outbox.hpp"
 #include "pg/citus/citus_forward.hpp"
 #include "pg/citus/citus_meta.hpp"
@@ -77,29 +78,120 @@ static MessagingOids relay_oids(FunctionCallInfo fcinfo, int route_arg, const ch
 // One routing value per shard of the routed outbox, for the twins' calls.
 struct Shards {
   Datum* routes;
+  int64* shardids;
   int count;
   Oid type;
 };
 
 static Shards shards_of(Oid outbox) {
   Shards shards{};
-  shards.count = citus_shard_values(outbox, &shards.routes);
+  shards.count = citus_shard_values(outbox, &shards.routes, &shards.shardids);
   CitusColumn column;
   citus_column(outbox, &column);
   shards.type = column.type;
   return shards;
 }
 
-// The sum of the twin's counts over every shard (ack, dead, retry): an event is in one
-// shard, and the twin ignores the ids it does not hold.
-static int64 count_on_every_shard(FunctionCallInfo fcinfo, Oid outbox, int route_arg) {
+// An ack names events by id, and an id does not say its shard: the session that was
+// handed them out (a relay's loop) remembers their shards, so that its ack or dead
+// letter goes to those shards only. An id it does not know (claimed by another session,
+// or forgotten: at most kRemembered are kept, and a split makes new shards) goes to
+// every shard.
+constexpr long kRemembered = 16384;
+struct EventKey {
+  uint32 length;
+  char bytes[kMaxKeyBytes];
+};
+struct EventShard {
+  EventKey key;
+  int64 shardid;
+};
+static HTAB* event_shards;
+
+static EventKey event_key(Datum id) {
+  EventKey key;
+  memset(&key, 0, sizeof(key));
+  const struct varlena* v = PG_DETOAST_DATUM_PACKED(id);
+  key.length = Min(VARSIZE_ANY_EXHDR(v), kMaxKeyBytes);
+  memcpy(key.bytes, VARDATA_ANY(v), key.length);
+  return key;
+}
+
+static void remember_shard(Datum id, int64 shardid) {
+  if (event_shards != nullptr && hash_get_num_entries(event_shards) >= kRemembered) {
+    hash_destroy(event_shards);
+    event_shards = nullptr;
+  }
+  if (event_shards == nullptr) {
+    HASHCTL control{};
+    control.keysize = sizeof(EventKey);
+    control.entrysize = sizeof(EventShard);
+    control.hcxt = TopMemoryContext;
+    event_shards = hash_create("idempotency relay's event shards", 1024, &control,
+                               HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+  }
+  EventKey key = event_key(id);
+  static_cast<EventShard*>(hash_search(event_shards, &key, HASH_ENTER, nullptr))->shardid = shardid;
+}
+
+// The shard remembered for `id` (and forgotten now), or -1.
+static int64 recall_shard(Datum id) {
+  EventShard found;
+  EventKey key = event_key(id);
+  if (event_shards == nullptr) return -1;
+  auto entry = static_cast<EventShard*>(hash_search(event_shards, &key, HASH_FIND, nullptr));
+  if (entry == nullptr) return -1;
+  found = *entry;
+  hash_search(event_shards, &key, HASH_REMOVE, nullptr);
+  return found.shardid;
+}
+
+// The sum of the twin's counts (ack, dead, retry) over the shards: the listed ids
+// (argument `ids_arg`) each to its remembered shard, or to every shard; all dead
+// letters (no list) on every shard. An event is in one shard, and a shard ignores
+// the ids it does not hold.
+static int64 count_on_shards(FunctionCallInfo fcinfo, Oid outbox, int ids_arg, int route_arg) {
   Shards shards = shards_of(outbox);
+  NullableDatum args[FUNC_MAX_ARGS];
+  memcpy(args, fcinfo->args, sizeof(NullableDatum) * PG_NARGS());
+  // The shards to call, and each one's ids.
+  auto send = static_cast<bool*>(palloc0(sizeof(bool) * shards.count));
+  auto lists = static_cast<ArrayBuildState**>(palloc0(sizeof(ArrayBuildState*) * shards.count));
+  if (args[ids_arg].isnull) {
+    for (int i = 0; i < shards.count; i++) send[i] = true;
+  } else {
+    ArrayType* ids = PG_GETARG_ARRAYTYPE_P(ids_arg);
+    Oid type = ARR_ELEMTYPE(ids);
+    Datum* elements;
+    bool* nulls;
+    int count;
+    int16 length;
+    bool byval;
+    char align;
+    get_typlenbyvalalign(type, &length, &byval, &align);
+    deconstruct_array(ids, type, length, byval, align, &elements, &nulls, &count);
+    for (int n = 0; n < count; n++) {
+      if (nulls[n]) continue;  // ignored, as by the shards
+      int64 shardid = recall_shard(elements[n]);
+      int only = -1;  // its shard's place, if remembered and still there (not split)
+      for (int i = 0; i < shards.count; i++)
+        if (shards.shardids[i] == shardid) only = i;
+      for (int i = 0; i < shards.count; i++) {
+        if (only != -1 && i != only) continue;
+        if (lists[i] == nullptr) lists[i] = initArrayResult(type, CurrentMemoryContext, false);
+        accumArrayResult(lists[i], elements[n], false, type, CurrentMemoryContext);
+        send[i] = true;
+      }
+    }
+  }
   int64 total = 0;
   for (int i = 0; i < shards.count; i++) {
+    if (!send[i]) continue;
     CHECK_FOR_INTERRUPTS();
+    if (lists[i] != nullptr) args[ids_arg].value = makeArrayResult(lists[i], CurrentMemoryContext);
     bool isnull;
-    Datum count = citus_forward(fcinfo, route_arg, shards.routes[i], shards.type, &isnull);
-    if (!isnull) total += DatumGetInt64(count);
+    Datum changed = citus_forward(fcinfo, route_arg, shards.routes[i], shards.type, &isnull, args);
+    if (!isnull) total += DatumGetInt64(changed);
   }
   return total;
 }
@@ -176,21 +268,31 @@ static bool topic_wanted(Datum topic, const Topics& topics) {
 
 // The batch from every shard: each asked for what the batch still lacks, from a
 // random first shard on (relays calling at once start at different shards, and no
-// shard's backlog starves the others').
+// shard's backlog starves the others'). Each event's shard is remembered for its ack.
 static void claim_on_every_shard(FunctionCallInfo fcinfo, ReturnSetInfo* rsinfo, Oid outbox,
                                  int32 max_events) {
   Shards shards = shards_of(outbox);
   NullableDatum args[4];
   memcpy(args, fcinfo->args, sizeof(args));
   int first = static_cast<int>(pg_prng_uint64_range(&pg_global_prng_state, 0, shards.count - 1));
-  int64 handed_out = 0;
+  Tuplestorestate* batch = tuplestore_begin_heap(false, false, work_mem);
+  TupleTableSlot* slot = MakeSingleTupleTableSlot(rsinfo->setDesc, &TTSOpsMinimalTuple);
+  int32 handed_out = 0;
   for (int i = 0; i < shards.count && handed_out < max_events; i++) {
     CHECK_FOR_INTERRUPTS();
-    args[1].value = Int32GetDatum(max_events - static_cast<int32>(handed_out));
-    citus_forward_rows(fcinfo, 4, shards.routes[(first + i) % shards.count], shards.type,
-                       rsinfo->setResult, rsinfo->setDesc, args);
-    handed_out = tuplestore_tuple_count(rsinfo->setResult);
+    int shard = (first + i) % shards.count;
+    args[1].value = Int32GetDatum(max_events - handed_out);
+    citus_forward_rows(fcinfo, 4, shards.routes[shard], shards.type, batch, rsinfo->setDesc, args);
+    while (tuplestore_gettupleslot(batch, true, false, slot)) {
+      bool isnull;
+      remember_shard(slot_getattr(slot, 1, &isnull), shards.shardids[shard]);  // event_id
+      tuplestore_puttupleslot(rsinfo->setResult, slot);
+      handed_out++;
+    }
+    tuplestore_clear(batch);
   }
+  ExecDropSingleTupleTableSlot(slot);
+  tuplestore_end(batch);
 }
 
 static Datum outbox_claim(FunctionCallInfo fcinfo) {
@@ -353,7 +455,7 @@ static Datum outbox_ack(FunctionCallInfo fcinfo) {
   ArrayType* ids = ids_argument(fcinfo, 1);
   PreventCommandIfReadOnly("idem_outbox_ack()");
   Oid routed = on_every_shard(fcinfo, 2, "idem_outbox_ack");
-  if (OidIsValid(routed)) PG_RETURN_INT64(count_on_every_shard(fcinfo, routed, 2));
+  if (OidIsValid(routed)) PG_RETURN_INT64(count_on_shards(fcinfo, routed, 1, 2));
   MessagingOids oids = relay_oids(fcinfo, 2, "idem_outbox_ack");
   Table outbox;
   open_table(&outbox, oids.outbox, true);
@@ -375,7 +477,7 @@ static Datum outbox_dead(FunctionCallInfo fcinfo) {
   if (reason != nullptr) check_stored_size(PointerGetDatum(reason), "reason");
   PreventCommandIfReadOnly("idem_outbox_dead()");
   Oid routed = on_every_shard(fcinfo, 3, "idem_outbox_dead");
-  if (OidIsValid(routed)) PG_RETURN_INT64(count_on_every_shard(fcinfo, routed, 3));
+  if (OidIsValid(routed)) PG_RETURN_INT64(count_on_shards(fcinfo, routed, 1, 3));
   MessagingOids oids = relay_oids(fcinfo, 3, "idem_outbox_dead");
   Table outbox;
   open_table(&outbox, oids.outbox, true);
@@ -391,7 +493,7 @@ static Datum outbox_dead(FunctionCallInfo fcinfo) {
 static Datum outbox_retry(FunctionCallInfo fcinfo) {
   PreventCommandIfReadOnly("idem_outbox_retry()");
   Oid routed = on_every_shard(fcinfo, 1, "idem_outbox_retry");
-  if (OidIsValid(routed)) PG_RETURN_INT64(count_on_every_shard(fcinfo, routed, 1));
+  if (OidIsValid(routed)) PG_RETURN_INT64(count_on_shards(fcinfo, routed, 0, 1));
   MessagingOids oids = relay_oids(fcinfo, 1, "idem_outbox_retry");
   Table outbox;
   open_table(&outbox, oids.outbox, true);
