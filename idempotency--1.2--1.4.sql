@@ -661,6 +661,15 @@ BEGIN
     ON idempotency.routed_applied_versions (expires_at);
   REVOKE ALL ON TABLE idempotency.routed_outbox, idempotency.routed_outbox_aggregates,
     idempotency.routed_applied_versions FROM PUBLIC;
+  -- Made by ALTER EXTENSION ... UPDATE (a store distributed with 1.3), they would be
+  -- members of the extension, which Citus leaves to the extension to make on the
+  -- workers; like those idem_distribute makes, they are not.
+  IF EXISTS (SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
+             AND d.objid = 'idempotency.routed_outbox'::regclass AND d.deptype = 'e') THEN
+    ALTER EXTENSION idempotency DROP TABLE idempotency.routed_outbox;
+    ALTER EXTENSION idempotency DROP TABLE idempotency.routed_outbox_aggregates;
+    ALTER EXTENSION idempotency DROP TABLE idempotency.routed_applied_versions;
+  END IF;
   PERFORM create_distributed_table('idempotency.routed_outbox', 'route',
                                    colocate_with => 'idempotency.routed_keys');
   PERFORM create_distributed_table('idempotency.routed_outbox_aggregates', 'route',
@@ -720,8 +729,9 @@ BEGIN
   END LOOP;
 END $$;
 
--- A store distributed with 1.3 gets its twins here, on the coordinator, which
--- distributes them (Citus runs this script on the workers afterwards).
+-- A store distributed with 1.3 gets its twins and its routed messaging tables here,
+-- on the coordinator, which distributes them (Citus runs this script on the workers
+-- afterwards).
 DO $$
 BEGIN
   IF to_regclass('idempotency.routed_keys') IS NOT NULL
@@ -730,6 +740,7 @@ BEGIN
       PERFORM idempotency.distribute_key_functions(
         (SELECT pg_catalog.format_type(a.atttypid, a.atttypmod) FROM pg_catalog.pg_attribute a
          WHERE a.attrelid = 'idempotency.routed_keys'::regclass AND a.attname = 'route'));
+      PERFORM idempotency.distribute_messaging();
     END IF;
   END IF;
 END $$;

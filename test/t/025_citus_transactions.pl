@@ -22,7 +22,8 @@
 #       the transaction first and the move first; a worker stopped between claim and
 #       COMMIT: per key a payment exactly when its key is completed, retries replay;
 #   (m) amcheck on every shard of the store;
-#   (u) a store distributed with 1.3 updated to 1.4: keys kept, blocks work.
+#   (u) a store distributed with 1.3 updated to 1.4: keys kept, blocks work, the
+#       routed messaging tables made (emit, relay).
 #
 # Needs Citus installed in the PostgreSQL under test, like 017_citus.pl (IDEM_CITUS).
 use strict;
@@ -58,7 +59,7 @@ is($coordinator->safe_psql('postgres', q{
 		SELECT count(*) FROM pg_dist_object o JOIN pg_proc p ON p.oid = o.objid
 		WHERE p.proname LIKE 'idem\_%\_routed' AND o.force_delegation
 		  AND o.distribution_argument_index = p.pronargs - 1}),
-	'11', 'idem_distribute distributed the 11 routed twins (9 key functions, idem_emit, idem_apply_version), by their route, force-delegated');
+	'16', 'idem_distribute distributed the 16 routed twins (9 key functions, idem_emit, idem_apply_version, the 5 relay functions), by their route, force-delegated');
 is($coordinator->safe_psql('postgres', q{
 		SELECT count(*) FROM citus_shards
 		WHERE table_name = 'idempotency.routed_keys'::regclass AND nodeport <> }
@@ -527,13 +528,13 @@ is(join(',', map { on_upgraded($_, q{SELECT extversion FROM pg_extension WHERE e
 is(on_upgraded($coordinator, q{
 		SELECT count(*) FROM pg_dist_object o JOIN pg_proc p ON p.oid = o.objid
 		WHERE p.proname LIKE 'idem\_%\_routed' AND o.force_delegation}),
-	'11', '(u) the update made and distributed the 11 twins');
+	'16', '(u) the update made and distributed the 16 twins');
 is(join(',', map { on_upgraded($_, q{
 		SELECT count(*) || '/' || count(*) FILTER (WHERE EXISTS (
 		         SELECT FROM pg_depend d WHERE d.classid = 'pg_proc'::regclass
 		         AND d.objid = p.oid AND d.deptype = 'e'))
 		FROM pg_proc p WHERE p.proname LIKE 'idem\_%\_routed'}) } @nodes),
-	'11/0,11/0,11/0', '(u) on every node, none of them a member of the extension (as idem_distribute makes them)');
+	'16/0,16/0,16/0', '(u) on every node, none of them a member of the extension (as idem_distribute makes them)');
 my $u_blocks = join('', map {
 	sprintf("BEGIN;\nCALL create_payment('u-%d', %d, 40);\nCOMMIT;\n", $_, $_) } 1 .. 2 * $u_keys);
 on_upgraded($coordinator, $u_blocks, extra_params => [ '-U', 'app' ]);
@@ -544,17 +545,23 @@ is(on_upgraded($coordinator, sprintf(q{
 is(on_upgraded($coordinator, q{SELECT count(*) FROM idempotency.routed_keys WHERE state = 'c'}),
 	2 * $u_keys, '(u) and every key is kept or stored');
 
-# Messaging on the store distributed with 1.3: its routed tables come from
-# idempotency.distribute_messaging(), which the error says to run.
-($out, $err) = ('', '');
-$coordinator->psql('upgraded', "\\set VERBOSITY verbose\nSELECT idem_emit('t', '{}', 'a-1', route => 1)",
-	stdout => \$out, stderr => \$err);
-like($err, qr/55000: the key store is distributed, but its messaging tables are not.*HINT:  Run SELECT idempotency.distribute_messaging\(\);/s,
-	'(u) idem_emit with a route before the messaging tables are distributed: 55000, with the way');
-on_upgraded($coordinator, 'SELECT idempotency.distribute_messaging()');
+# Messaging on the store distributed with 1.3: the update made its routed tables,
+# distributed with it and, like the twins, not members of the extension.
 on_upgraded($coordinator, q{BEGIN; SELECT idem_emit('t', '{}', 'a-1', route => 1); COMMIT;});
 is(on_upgraded($coordinator, q{SELECT count(*) || '|' || max(seq) FROM idempotency.routed_outbox}),
-	'1|1', '(u) after idempotency.distribute_messaging(): the event is stored in its shard');
+	'1|1', '(u) idem_emit with a route after the update: the event is stored in its shard');
+is(on_upgraded($coordinator, q{
+		SELECT count(*) || '/' || count(*) FILTER (WHERE EXISTS (
+		         SELECT FROM pg_depend d WHERE d.classid = 'pg_class'::regclass
+		         AND d.objid = c.oid AND d.deptype = 'e'))
+		FROM pg_dist_partition p JOIN pg_class c ON c.oid = p.logicalrelid
+		WHERE c.relname IN ('routed_outbox', 'routed_outbox_aggregates', 'routed_applied_versions')}),
+	'3/0', '(u) the 3 routed messaging tables distributed, none a member of the extension');
+is(on_upgraded($coordinator, q{SELECT count(*) FROM idem_outbox_claim('r')}), '1',
+	'(u) the relay serves it on the coordinator');
+on_upgraded($coordinator, 'SELECT idempotency.distribute_messaging()');
+is(on_upgraded($coordinator, q{SELECT count(*) FROM idempotency.routed_outbox}), '1',
+	'(u) idempotency.distribute_messaging() again changes nothing');
 
 $_->stop for @nodes;
 done_testing();
