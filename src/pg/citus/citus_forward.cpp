@@ -1,14 +1,15 @@
 // A key function's call forwarded to the node of its shard through Citus: see
 // citus_forward.hpp. The slow path of a call made where its shard is not: one SQL
-// statement, parsed each time, since Citus delegates only a call whose distribution
-// argument is a constant (planner/function_call_delegation.c: a parameter makes it
-// retry the planning without one, or give up).
+// statement, planned each time with its values as parameters, which the planner turns
+// into the constants Citus delegates on (planner/function_call_delegation.c: a
+// parameter left in the call makes it retry the planning without one, or give up).
 #include "pg/citus/citus_forward.hpp"
 #include "pg/common/errors.hpp"
 
 extern "C" {
 #include "access/htup_details.h"
 #include "catalog/pg_proc.h"
+#include "catalog/pg_type.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "nodes/value.h"
@@ -32,12 +33,19 @@ bool is_twin(const char* name) {
   return length > suffix && strcmp(name + length - suffix, kTwinSuffix) == 0;
 }
 
-// "SELECT <columns> FROM <schema>.<function>_routed(<constants>) r": every argument
-// as a literal cast to its type, so that Citus sees constants. Each value goes in
-// through quote_literal and comes back through its type's input function, in this
-// session and its settings: user text stays data, and the value is the same.
-char* twin_call(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_type,
-                const char* columns, const NullableDatum* args) {
+// A twin's call: "SELECT <columns> FROM <schema>.<function>_routed($1, ..., $n) r" and
+// its arguments. Run as a one-shot plan (SPI_execute_with_args), the arguments reach
+// the planner as constants: user text stays data, never part of the SQL.
+struct TwinCall {
+  char* sql;
+  int nargs;
+  Oid* types;
+  Datum* values;
+  char* nulls;  // SPI's: 'n' for NULL
+};
+
+TwinCall twin_call(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_type,
+                   const char* columns, const NullableDatum* args) {
   if (args == nullptr) args = fcinfo->args;
   Oid function = fcinfo->flinfo->fn_oid;
   HeapTuple tuple = SearchSysCache1(PROCOID, ObjectIdGetDatum(function));
@@ -53,32 +61,32 @@ char* twin_call(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_t
                    schema, twin),
             errdetail("idem_distribute makes it from version 1.4 on."),
             errhint("Run ALTER EXTENSION idempotency UPDATE on the coordinator."));
+  TwinCall call;
+  call.nargs = Max(proc->pronargs, route_arg + 1);
+  call.types = static_cast<Oid*>(palloc(sizeof(Oid) * call.nargs));
+  call.values = static_cast<Datum*>(palloc(sizeof(Datum) * call.nargs));
+  call.nulls = static_cast<char*>(palloc(call.nargs));
   StringInfoData sql;
   initStringInfo(&sql);
   appendStringInfo(&sql, "SELECT %s FROM %s.%s(", columns, quote_identifier(schema),
                    quote_identifier(twin));
-  for (int i = 0; i < Max(proc->pronargs, route_arg + 1); i++) {
+  for (int i = 0; i < call.nargs; i++) {
     bool is_route = i == route_arg;
-    Oid type = is_route ? route_type : proc->proargtypes.values[i];
-    if (i > 0) appendStringInfoString(&sql, ", ");
-    if (!is_route && args[i].isnull) {
-      appendStringInfo(&sql, "NULL::%s", format_type_be_qualified(type));
-      continue;
-    }
-    Oid output;
-    bool varlena;
-    getTypeOutputInfo(type, &output, &varlena);
-    char* value = OidOutputFunctionCall(output, is_route ? route : args[i].value);
-    appendStringInfo(&sql, "%s::%s", quote_literal_cstr(value), format_type_be_qualified(type));
+    call.types[i] = is_route ? route_type : proc->proargtypes.values[i];
+    call.values[i] = is_route ? route : args[i].value;
+    call.nulls[i] = !is_route && args[i].isnull ? 'n' : ' ';
+    appendStringInfo(&sql, "%s$%d", i > 0 ? ", " : "", i + 1);
   }
   appendStringInfoString(&sql, ") r");
+  call.sql = sql.data;
   ReleaseSysCache(tuple);
-  return sql.data;
+  return call;
 }
 
-void run(const char* sql) {
-  if (SPI_execute(sql, false, 0) != SPI_OK_SELECT)
-    elog(ERROR, "forwarding a call through Citus failed: %s", sql);
+void run(const TwinCall& call) {
+  if (SPI_execute_with_args(call.sql, call.nargs, call.types, call.values, call.nulls, false, 0) !=
+      SPI_OK_SELECT)
+    elog(ERROR, "forwarding a call through Citus failed: %s", call.sql);
 }
 
 }  // namespace
@@ -92,9 +100,9 @@ bool citus_may_forward(FunctionCallInfo fcinfo) {
 
 Datum citus_forward(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_type,
                     bool* isnull, const NullableDatum* args) {
-  char* sql = twin_call(fcinfo, route_arg, route, route_type, "r", args);
+  TwinCall call = twin_call(fcinfo, route_arg, route, route_type, "r", args);
   SPI_connect();
-  run(sql);
+  run(call);
   if (SPI_processed != 1)
     elog(ERROR, "forwarding a call through Citus returned " UINT64_FORMAT " rows", SPI_processed);
   Form_pg_attribute column = TupleDescAttr(SPI_tuptable->tupdesc, 0);
@@ -106,9 +114,9 @@ Datum citus_forward(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid rou
 
 void citus_forward_rows(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_type,
                         Tuplestorestate* rows, TupleDesc desc, const NullableDatum* args) {
-  char* sql = twin_call(fcinfo, route_arg, route, route_type, "*", args);
+  TwinCall call = twin_call(fcinfo, route_arg, route, route_type, "*", args);
   SPI_connect();
-  run(sql);
+  run(call);
   Datum* values = static_cast<Datum*>(palloc(sizeof(Datum) * desc->natts));
   bool* nulls = static_cast<bool*>(palloc(sizeof(bool) * desc->natts));
   for (uint64 i = 0; i < SPI_processed; i++) {
@@ -121,19 +129,25 @@ void citus_forward_rows(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid
 const char* citus_forwarded_state(Oid schema, const char* scope, const char* key, Datum route,
                                   Oid route_type) {
   const char* nsp = quote_identifier(get_namespace_name(schema));
-  Oid output;
-  bool varlena;
-  getTypeOutputInfo(route_type, &output, &varlena);
-  char* sql = psprintf(
-      "SELECT state FROM %s.idem_lookup_routed(%s::pg_catalog.text, %s::%s.idem_key, "
-      "%s::%s)",
-      nsp, quote_literal_cstr(scope), quote_literal_cstr(key), nsp,
-      quote_literal_cstr(OidOutputFunctionCall(output, route)),
-      format_type_be_qualified(route_type));
+  Oid key_type = GetSysCacheOid2(TYPENAMENSP, Anum_pg_type_oid, CStringGetDatum("idem_key"),
+                                 ObjectIdGetDatum(schema));
+  Oid key_input, key_ioparam;
+  getTypeInputInfo(key_type, &key_input, &key_ioparam);
+  TwinCall call;
+  call.sql = psprintf("SELECT state FROM %s.idem_lookup_routed($1, $2, $3)", nsp);
+  call.nargs = 3;
+  Oid types[] = {TEXTOID, key_type, route_type};
+  Datum values[] = {CStringGetTextDatum(scope),
+                    OidInputFunctionCall(key_input, const_cast<char*>(key), key_ioparam, -1),
+                    route};
+  char nulls[] = "   ";
+  call.types = types;
+  call.values = values;
+  call.nulls = nulls;
   // At COMMIT no statement's snapshot is active any more.
   PushActiveSnapshot(GetTransactionSnapshot());
   SPI_connect();
-  run(sql);
+  run(call);
   const char* state = nullptr;
   if (SPI_processed > 0) {
     char* value = SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);

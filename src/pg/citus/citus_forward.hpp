@@ -32,7 +32,8 @@ bool citus_may_forward(FunctionCallInfo fcinfo);
 // Runs the twin of the called function with the call's arguments (or `args`, one per
 // argument of the called function), argument `route_arg` replaced by `route` (of type
 // `route_type`, the distribution column's; `route_arg` one past the called function's
-// last argument: the twin has one more), as constants in SQL, through SPI; returns its
+// last argument: the twin has one more), through SPI, as parameters of a one-shot plan
+// (which the planner makes constants of, as Citus needs them); returns its
 // single result, copied into the caller's memory context (*isnull for NULL and void).
 Datum citus_forward(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_type,
                     bool* isnull, const NullableDatum* args = nullptr);
