@@ -24,13 +24,13 @@
 #      On the first version, also `make installcheck-server` (the regression tests
 #      against a running server, as a user runs them) against a throwaway cluster
 #      configured as a user's might be: one pass or failure.
-#      The Citus scale-out tests (test/t/017_citus.pl, 025_citus_transactions.pl and
-#      026_citus_messaging.pl: a
+#      The Citus scale-out tests (test/t/017_citus.pl, 025_citus_transactions.pl,
+#      026_citus_messaging.pl and 027_citus_outbox_upkeep.pl: a
 #      coordinator and two workers each) run on PostgreSQL 17 and later when
 #      scripts/citus.sh's citus_for can give that PostgreSQL a Citus (installed there,
 #      or built once from CITUS_TARBALL or CITUS_SOURCE_DIR/citus-*.tar.gz or its
 #      cache); otherwise a line "not run: 017_citus.pl, 025_citus_transactions.pl,
-#      026_citus_messaging.pl (why)" says so, and they count neither as passed nor as failed (a Citus that
+#      026_citus_messaging.pl, 027_citus_outbox_upkeep.pl (why)" says so, and they count neither as passed nor as failed (a Citus that
 #      fails to build counts as failed). The pg_upgrade test
 #      (test/t/024_pg_upgrade.pl) upgrades from the last version 17 or later that this
 #      run installed the extension into before (17 to 18, 18 to 19); where there is
@@ -688,8 +688,8 @@ citus_decision() {
     esac
   fi
   if [ "$IDEM_CITUS" = 0 ]; then
-    echo "not run: 017_citus.pl, 025_citus_transactions.pl, 026_citus_messaging.pl ($reason)"
-    not_run_lines+=("PostgreSQL $version: not run: 017_citus.pl, 025_citus_transactions.pl, 026_citus_messaging.pl ($reason)")
+    echo "not run: 017_citus.pl, 025_citus_transactions.pl, 026_citus_messaging.pl, 027_citus_outbox_upkeep.pl ($reason)"
+    not_run_lines+=("PostgreSQL $version: not run: 017_citus.pl, 025_citus_transactions.pl, 026_citus_messaging.pl, 027_citus_outbox_upkeep.pl ($reason)")
   fi
 }
 

@@ -139,23 +139,50 @@ static ColumnSpec* with_route(const ColumnSpec* columns, int count, Oid route_ty
   return all;
 }
 
-int local_applied_shards(AppliedShard** shards) {
-  *shards = nullptr;
-  Oid applied = extension_relation("routed_applied_versions");
-  if (!OidIsValid(applied)) return 0;
+// This node's shards of routed table `base` whose tables are here (a placement whose
+// table is not here yet, or any more, has nothing to reap or count); their shard ids,
+// with the heap of each, in the current memory context.
+static int present_local_shards(const char* base, int64** present, Oid** heaps) {
+  *present = nullptr;
+  *heaps = nullptr;
+  Oid table = extension_relation(base);
+  if (!OidIsValid(table)) return 0;
   int64* shardids;
-  int count = citus_local_shards(applied, &shardids);
-  *shards = static_cast<AppliedShard*>(palloc(sizeof(AppliedShard) * Max(count, 1)));
+  int count = citus_local_shards(table, &shardids);
+  *present = static_cast<int64*>(palloc(sizeof(int64) * Max(count, 1)));
+  *heaps = static_cast<Oid*>(palloc(sizeof(Oid) * Max(count, 1)));
   int found = 0;
   for (int i = 0; i < count; i++) {
-    // A placement whose table is not here (yet, or any more): nothing to reap in it.
-    Oid heap = extension_relation(psprintf("routed_applied_versions_" INT64_FORMAT, shardids[i]));
+    Oid heap = extension_relation(psprintf("%s_" INT64_FORMAT, base, shardids[i]));
     if (!OidIsValid(heap)) continue;
-    (*shards)[found++] =
-        AppliedShard{heap, shard_relation("routed_applied_versions_pkey", shardids[i]),
-                     shard_relation("routed_applied_versions_expires_at_idx", shardids[i])};
+    (*present)[found] = shardids[i];
+    (*heaps)[found++] = heap;
   }
   return found;
+}
+
+int local_applied_shards(AppliedShard** shards) {
+  int64* shardids;
+  Oid* heaps;
+  int count = present_local_shards("routed_applied_versions", &shardids, &heaps);
+  *shards = static_cast<AppliedShard*>(palloc(sizeof(AppliedShard) * Max(count, 1)));
+  for (int i = 0; i < count; i++)
+    (*shards)[i] =
+        AppliedShard{heaps[i], shard_relation("routed_applied_versions_pkey", shardids[i]),
+                     shard_relation("routed_applied_versions_expires_at_idx", shardids[i])};
+  return count;
+}
+
+int local_outbox_shards(OutboxShard** shards) {
+  int64* shardids;
+  Oid* heaps;
+  int count = present_local_shards("routed_outbox", &shardids, &heaps);
+  *shards = static_cast<OutboxShard*>(palloc(sizeof(OutboxShard) * Max(count, 1)));
+  for (int i = 0; i < count; i++)
+    (*shards)[i] = OutboxShard{heaps[i], shard_relation("routed_outbox_pending_idx", shardids[i]),
+                               shard_relation("routed_outbox_dead_idx", shardids[i]),
+                               shard_relation("routed_outbox_delivered_idx", shardids[i])};
+  return count;
 }
 
 bool messaging_target(FunctionCallInfo fcinfo, int route_arg, const char* function,

@@ -93,6 +93,16 @@ struct AppliedShard {
 };
 int local_applied_shards(AppliedShard** shards);
 
+// Likewise this node's shards of idempotency.routed_outbox, for the reaper and
+// idem_stats: heap and the three partial indexes by state of each.
+struct OutboxShard {
+  Oid outbox;
+  Oid outbox_pending;    // (position) WHERE state = 'p'
+  Oid outbox_dead;       // (position) WHERE state = 'x'
+  Oid outbox_delivered;  // (delivered_at) WHERE state = 'd'
+};
+int local_outbox_shards(OutboxShard** shards);
+
 // The messaging tables, or null when the database's extension is still at 1.0. A
 // copy: opening a relation accepts invalidations, which clear the cache.
 bool messaging_oids(MessagingOids* oids);

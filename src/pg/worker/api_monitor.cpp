@@ -131,21 +131,32 @@ static int64 count_index(Table* outbox, Oid index, Snapshot snapshot) {
   return Max(count, static_cast<int64>(estimate));
 }
 
-static OutboxFigures outbox_figures(const MessagingOids& oids) {
-  OutboxFigures figures{};
+// Adds one outbox table's figures (idempotency.outbox, or a shard of routed_outbox).
+static void add_outbox_figures(Oid heap, Oid pending, Oid dead, OutboxFigures* figures) {
   Table outbox;
-  open_table(&outbox, oids.outbox, false);
+  open_table(&outbox, heap, false);
   IndexCursor first;
-  cursor_open(&outbox, &first, oids.outbox_pending, GetActiveSnapshot(), nullptr, 0);
+  cursor_open(&outbox, &first, pending, GetActiveSnapshot(), nullptr, 0);
   if (cursor_next(&outbox, &first)) {
     bool isnull;
-    figures.oldest_undelivered_at =
-        DatumGetTimestampTz(column(&outbox, outbox_column::kEmittedAt, &isnull));
+    TimestampTz emitted = DatumGetTimestampTz(column(&outbox, outbox_column::kEmittedAt, &isnull));
+    if (!figures->oldest_undelivered_at || emitted < *figures->oldest_undelivered_at)
+      figures->oldest_undelivered_at = emitted;
   }
   cursor_close(&first);
-  figures.undelivered = count_index(&outbox, oids.outbox_pending, GetActiveSnapshot());
-  figures.dead = count_index(&outbox, oids.outbox_dead, GetActiveSnapshot());
+  figures->undelivered += count_index(&outbox, pending, GetActiveSnapshot());
+  figures->dead += count_index(&outbox, dead, GetActiveSnapshot());
   close_table(&outbox);
+}
+
+// The node-local outbox and this node's shards of a distributed one.
+static OutboxFigures outbox_figures(const MessagingOids& oids) {
+  OutboxFigures figures{};
+  add_outbox_figures(oids.outbox, oids.outbox_pending, oids.outbox_dead, &figures);
+  OutboxShard* shards;
+  int count = local_outbox_shards(&shards);
+  for (int i = 0; i < count; i++)
+    add_outbox_figures(shards[i].outbox, shards[i].outbox_pending, shards[i].outbox_dead, &figures);
   return figures;
 }
 

@@ -133,27 +133,42 @@ static int64 sweep_applied(Oid heap, Oid pkey, Oid expires, Snapshot snapshot, T
   return deleted;
 }
 
+// Delivered events past idempotency.outbox_retention (the core's is_removable);
+// undelivered and dead ones are not in the index.
+static int64 sweep_outbox(Oid heap, Oid delivered, Snapshot snapshot, TimestampTz now,
+                          int64 max_rows) {
+  Micros retention = static_cast<Micros>(settings.outbox_retention_s) * USECS_PER_SEC;
+  Table outbox;
+  open_table(&outbox, heap, true);
+  int64 deleted = sweep_index(&outbox, delivered, snapshot, now - retention, max_rows, [&] {
+    return is_removable(read_event(&outbox, nullptr), now, retention);
+  });
+  close_table(&outbox);
+  return deleted;
+}
+
 bool sweep_messaging(int n, Snapshot snapshot, TimestampTz now, int64 max_rows, int64* deleted) {
   *deleted = 0;
   MessagingOids oids;
   if (!messaging_oids(&oids)) return false;
-  if (n > 0) {
-    AppliedShard* shards;
-    if (n > local_applied_shards(&shards)) return false;
-    const AppliedShard& shard = shards[n - 1];
+  if (n == 0) {
+    *deleted = sweep_outbox(oids.outbox, oids.outbox_delivered, snapshot, now, max_rows);
+    *deleted += sweep_applied(oids.applied, oids.applied_pkey, oids.applied_expires, snapshot, now,
+                              max_rows - *deleted);
+    return true;
+  }
+  AppliedShard* applied;
+  int napplied = local_applied_shards(&applied);
+  if (n <= napplied) {
+    const AppliedShard& shard = applied[n - 1];
     *deleted = sweep_applied(shard.applied, shard.applied_pkey, shard.applied_expires, snapshot,
                              now, max_rows);
     return true;
   }
-  Micros retention = static_cast<Micros>(settings.outbox_retention_s) * USECS_PER_SEC;
-  Table outbox;
-  open_table(&outbox, oids.outbox, true);
-  *deleted = sweep_index(&outbox, oids.outbox_delivered, snapshot, now - retention, max_rows, [&] {
-    return is_removable(read_event(&outbox, nullptr), now, retention);
-  });
-  close_table(&outbox);
-  *deleted += sweep_applied(oids.applied, oids.applied_pkey, oids.applied_expires, snapshot, now,
-                            max_rows - *deleted);
+  OutboxShard* outbox;
+  if (n - napplied > local_outbox_shards(&outbox)) return false;
+  const OutboxShard& shard = outbox[n - napplied - 1];
+  *deleted = sweep_outbox(shard.outbox, shard.outbox_delivered, snapshot, now, max_rows);
   return true;
 }
 
