@@ -24,14 +24,13 @@
 #      On the first version, also `make installcheck-server` (the regression tests
 #      against a running server, as a user runs them) against a throwaway cluster
 #      configured as a user's might be: one pass or failure.
-#      The Citus scale-out tests (test/t/017_citus.pl, 025_citus_transactions.pl,
-#      026_citus_messaging.pl and 027_citus_outbox_upkeep.pl: a
-#      coordinator and two workers each) run on PostgreSQL 17 and later when
-#      scripts/citus.sh's citus_for can give that PostgreSQL a Citus (installed there,
-#      or built once from CITUS_TARBALL or CITUS_SOURCE_DIR/citus-*.tar.gz or its
-#      cache); otherwise a line "not run: 017_citus.pl, 025_citus_transactions.pl,
-#      026_citus_messaging.pl, 027_citus_outbox_upkeep.pl (why)" says so, and they count neither as passed nor as failed (a Citus that
-#      fails to build counts as failed). The pg_upgrade test
+#      The Citus scale-out tests (the test/t/*.pl files that call
+#      IdemCitus::require_citus: 017_citus.pl, 025 to 028; a coordinator and two
+#      workers each) run on PostgreSQL 17 and later when scripts/citus.sh's citus_for
+#      can give that PostgreSQL a Citus (installed there, or built once from
+#      CITUS_TARBALL or CITUS_SOURCE_DIR/citus-*.tar.gz or its cache); otherwise a line
+#      "not run: 017_citus.pl, ... (why)" names them all, and they count neither as
+#      passed nor as failed (a Citus that fails to build counts as failed). The pg_upgrade test
 #      (test/t/024_pg_upgrade.pl) upgrades from the last version 17 or later that this
 #      run installed the extension into before (17 to 18, 18 to 19); where there is
 #      none (15, 17 first, a version tested alone), "not run: 024_pg_upgrade.pl (why)".
@@ -70,6 +69,9 @@ if [ -n "${CITUS_TARBALL:-}" ] && [ -f "$CITUS_TARBALL" ]; then
   CITUS_TARBALL=$(realpath "$CITUS_TARBALL")
 fi
 
+# The Citus tests, for the line that says they did not run.
+citus_tests=$(grep -l 'IdemCitus::require_citus' test/t/*.pl | xargs -n1 basename | paste -sd, |
+  sed 's/,/, /g')
 ONLY=${ONLY:-all}
 PG_VERSIONS=${PG_VERSIONS:-15,17,18,19}
 FUZZ_SECONDS=${FUZZ_SECONDS:-30}
@@ -688,8 +690,8 @@ citus_decision() {
     esac
   fi
   if [ "$IDEM_CITUS" = 0 ]; then
-    echo "not run: 017_citus.pl, 025_citus_transactions.pl, 026_citus_messaging.pl, 027_citus_outbox_upkeep.pl ($reason)"
-    not_run_lines+=("PostgreSQL $version: not run: 017_citus.pl, 025_citus_transactions.pl, 026_citus_messaging.pl, 027_citus_outbox_upkeep.pl ($reason)")
+    echo "not run: $citus_tests ($reason)"
+    not_run_lines+=("PostgreSQL $version: not run: $citus_tests ($reason)")
   fi
 }
 

@@ -1,7 +1,7 @@
 # A Citus cluster for the scale-out tests (017_citus.pl, 025_citus_transactions.pl,
-# 026_citus_messaging.pl, 027_citus_outbox_upkeep.pl): a coordinator and two workers
-# on loopback, Citus and the extension preloaded, the extension created on the
-# coordinator (Citus creates it on the workers).
+# 026_citus_messaging.pl, 027_citus_outbox_upkeep.pl, 028_citus_relay.pl): a
+# coordinator and two workers on loopback, Citus and the extension preloaded, the
+# extension created on the coordinator (Citus creates it on the workers).
 package IdemCitus;
 use strict;
 use warnings;
