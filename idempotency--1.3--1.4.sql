@@ -68,7 +68,10 @@ BEGIN
        'payload jsonb, headers jsonb, emitted_at timestamptz, attempt integer, reason text)'))
     AS t(name, params, returns)
   LOOP
-    EXECUTE format('CREATE FUNCTION @extschema@.%I(%s, route %s) RETURNS %s AS %L, %L LANGUAGE C',
+    -- After the route, the caller's idempotency.wait_timeout (in ms), which the twin
+    -- applies on its node (citus_forward.hpp).
+    EXECUTE format('CREATE FUNCTION @extschema@.%I(%s, route %s, wait_timeout_ms integer) '
+                   'RETURNS %s AS %L, %L LANGUAGE C',
                    f.name || '_routed', f.params, route_type, f.returns, 'MODULE_PATHNAME', f.name);
     SELECT p.oid INTO twin FROM pg_proc p
       WHERE p.proname = f.name || '_routed' AND p.pronamespace = '@extschema@'::regnamespace;

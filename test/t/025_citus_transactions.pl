@@ -58,7 +58,7 @@ $coordinator->safe_psql('postgres', q{
 is($coordinator->safe_psql('postgres', q{
 		SELECT count(*) FROM pg_dist_object o JOIN pg_proc p ON p.oid = o.objid
 		WHERE p.proname LIKE 'idem\_%\_routed' AND o.force_delegation
-		  AND o.distribution_argument_index = p.pronargs - 1}),
+		  AND p.proargnames[o.distribution_argument_index + 1] = 'route'}),
 	'16', 'idem_distribute distributed the 16 routed twins (9 key functions, idem_emit, idem_apply_version, the 5 relay functions), by their route, force-delegated');
 is($coordinator->safe_psql('postgres', q{
 		SELECT count(*) FROM citus_shards
@@ -321,7 +321,7 @@ for my $mistyped (q{'abc'::text}, q{now()}, q{gen_random_uuid()}, q{'{}'::jsonb}
 }
 is(sqlstate_of(q{SELECT idem_once('payments', 'v-0', route => 5::smallint)}), 'no error (t)',
 	'(v) a smallint route, cast as an implicit cast would: accepted');
-is(sqlstate_of(q{SELECT idem_claim_routed('payments', 'v-2', NULL, NULL, NULL, NULL, NULL::bigint)}),
+is(sqlstate_of(q{SELECT idem_claim_routed('payments', 'v-2', NULL, NULL, NULL, NULL, NULL::bigint, NULL)}),
 	'22023', '(v) a twin called with a NULL route: 22023');
 is(stored_keys('v'), '1|0', '(v) nothing stored but the key of idem_once');
 is(as_app(qq{BEGIN;

@@ -17,6 +17,7 @@
 #   (r) expired applied versions reaped by idem_reap on each worker, from its shards;
 #   (m) a shard moved (block_writes, then back in logical mode): its events and
 #       counters go with it, seq continues gapless;
+#   (t) a forwarded emit or apply waits under its caller's idempotency.wait_timeout;
 #   (k) amcheck on every shard of the routed messaging tables.
 #
 # Needs Citus installed in the PostgreSQL under test, like 017_citus.pl (IDEM_CITUS).
@@ -115,7 +116,7 @@ is(query(q{
 is(query(q{
 		SELECT string_agg(p.proname, ',' ORDER BY p.proname) FROM pg_dist_object o JOIN pg_proc p ON p.oid = o.objid
 		WHERE p.proname IN ('idem_emit_routed', 'idem_apply_version_routed') AND o.force_delegation
-		  AND o.distribution_argument_index = p.pronargs - 1}),
+		  AND p.proargnames[o.distribution_argument_index + 1] = 'route'}),
 	'idem_apply_version_routed,idem_emit_routed', '(d) and the twins of idem_emit and idem_apply_version');
 
 # ---------------------------------------------------------------------------------
@@ -293,6 +294,29 @@ for (1 .. 100) {
 is("$left|$reaped", "0|$accounts", '(r) idem_reap on each worker removed them from its shards, and only them');
 is(query(q{SELECT count(*) FROM idempotency.routed_applied_versions WHERE scope = 'balances'}), '3',
 	'(r) the live records are kept');
+
+# ---------------------------------------------------------------------------------
+# (t) A forwarded call waits as long as its caller's idempotency.wait_timeout says
+# ---------------------------------------------------------------------------------
+
+# The workers wait 20 s by default; the caller on the coordinator, 200 ms.
+for my $worker (@workers) {
+	$worker->safe_psql('postgres', q{ALTER SYSTEM SET idempotency.wait_timeout = '20s'; SELECT pg_reload_conf();});
+}
+my $holder = $coordinator->background_psql('postgres', extra_params => [ '-U', 'app' ]);
+$holder->query_safe(q{BEGIN; SELECT idem_emit('held', '{}', 'held-1', route => 1);
+                      SELECT idem_apply_version('held', 'held-1', 1, route => 1);});
+for my $call (
+	[ 'idem_emit', q{SELECT idem_emit('held', '{}', 'held-1', route => 1)} ],
+	[ 'idem_apply_version', q{SELECT idem_apply_version('held', 'held-1', 2, route => 1)} ]) {
+	my $started = time;
+	is(sqlstate_of(qq{SET idempotency.wait_timeout = '200ms'; BEGIN; $call->[1]; COMMIT;}), 'IK005',
+		"(t) $call->[0] forwarded while another block holds the aggregate or entity: IK005");
+	cmp_ok(time - $started, '<', 10, "(t) $call->[0]: after the caller's 200 ms, not the worker's 20 s");
+}
+$holder->query_safe('ROLLBACK');
+$holder->quit;
+$_->safe_psql('postgres', q{ALTER SYSTEM RESET idempotency.wait_timeout; SELECT pg_reload_conf();}) for @workers;
 
 # ---------------------------------------------------------------------------------
 # (k) amcheck on every shard of the routed messaging tables

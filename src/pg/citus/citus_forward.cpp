@@ -5,6 +5,7 @@
 // parameter left in the call makes it retry the planning without one, or give up).
 #include "pg/citus/citus_forward.hpp"
 #include "pg/common/errors.hpp"
+#include "pg/common/guc.hpp"
 
 extern "C" {
 #include "access/htup_details.h"
@@ -62,7 +63,7 @@ TwinCall twin_call(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid rout
             errdetail("idem_distribute makes it from version 1.4 on."),
             errhint("Run ALTER EXTENSION idempotency UPDATE on the coordinator."));
   TwinCall call;
-  call.nargs = Max(proc->pronargs, route_arg + 1);
+  call.nargs = Max(proc->pronargs, route_arg + 1) + 1;  // and the wait_timeout
   call.types = static_cast<Oid*>(palloc(sizeof(Oid) * call.nargs));
   call.values = static_cast<Datum*>(palloc(sizeof(Datum) * call.nargs));
   call.nulls = static_cast<char*>(palloc(call.nargs));
@@ -70,14 +71,18 @@ TwinCall twin_call(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid rout
   initStringInfo(&sql);
   appendStringInfo(&sql, "SELECT %s FROM %s.%s(", columns, quote_identifier(schema),
                    quote_identifier(twin));
-  for (int i = 0; i < call.nargs; i++) {
+  for (int i = 0; i < call.nargs - 1; i++) {
     bool is_route = i == route_arg;
     call.types[i] = is_route ? route_type : proc->proargtypes.values[i];
     call.values[i] = is_route ? route : args[i].value;
     call.nulls[i] = !is_route && args[i].isnull ? 'n' : ' ';
     appendStringInfo(&sql, "%s$%d", i > 0 ? ", " : "", i + 1);
   }
-  appendStringInfoString(&sql, ") r");
+  int last = call.nargs - 1;
+  call.types[last] = INT4OID;
+  call.values[last] = Int32GetDatum(settings.wait_timeout_ms);
+  call.nulls[last] = ' ';
+  appendStringInfo(&sql, ", $%d) r", last + 1);
   call.sql = sql.data;
   ReleaseSysCache(tuple);
   return call;
@@ -90,6 +95,13 @@ void run(const TwinCall& call) {
 }
 
 }  // namespace
+
+void citus_twin_settings(FunctionCallInfo fcinfo, int route_arg) {
+  int n = route_arg + 1;
+  if (PG_NARGS() <= n || PG_ARGISNULL(n) || PG_GETARG_INT32(n) == settings.wait_timeout_ms) return;
+  (void)set_config_option("idempotency.wait_timeout", psprintf("%d", PG_GETARG_INT32(n)),
+                          PGC_USERSET, PGC_S_SESSION, GUC_ACTION_LOCAL, true, 0, false);
+}
 
 bool citus_may_forward(FunctionCallInfo fcinfo) {
   if (application_name != nullptr && strncmp(application_name, "citus_internal", 14) == 0)
@@ -134,13 +146,13 @@ const char* citus_forwarded_state(Oid schema, const char* scope, const char* key
   Oid key_input, key_ioparam;
   getTypeInputInfo(key_type, &key_input, &key_ioparam);
   TwinCall call;
-  call.sql = psprintf("SELECT state FROM %s.idem_lookup_routed($1, $2, $3)", nsp);
-  call.nargs = 3;
-  Oid types[] = {TEXTOID, key_type, route_type};
+  call.sql = psprintf("SELECT state FROM %s.idem_lookup_routed($1, $2, $3, $4)", nsp);
+  call.nargs = 4;
+  Oid types[] = {TEXTOID, key_type, route_type, INT4OID};
   Datum values[] = {CStringGetTextDatum(scope),
-                    OidInputFunctionCall(key_input, const_cast<char*>(key), key_ioparam, -1),
-                    route};
-  char nulls[] = "   ";
+                    OidInputFunctionCall(key_input, const_cast<char*>(key), key_ioparam, -1), route,
+                    Int32GetDatum(settings.wait_timeout_ms)};
+  char nulls[] = "    ";
   call.types = types;
   call.values = values;
   call.nulls = nulls;

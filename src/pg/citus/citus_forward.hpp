@@ -29,11 +29,18 @@ namespace idempotency {
 // IsCitusInternalBackend), where a nested distributed execution is refused.
 bool citus_may_forward(FunctionCallInfo fcinfo);
 
+// In a twin's call (argument `route_arg` is its route): the caller's
+// idempotency.wait_timeout, which citus_forward passes after the route, set here for
+// the rest of this node's transaction (SET LOCAL), so that a wait on this node is
+// bounded as the caller's would be.
+void citus_twin_settings(FunctionCallInfo fcinfo, int route_arg);
+
 // Runs the twin of the called function with the call's arguments (or `args`, one per
 // argument of the called function), argument `route_arg` replaced by `route` (of type
 // `route_type`, the distribution column's; `route_arg` one past the called function's
-// last argument: the twin has one more), through SPI, as parameters of a one-shot plan
-// (which the planner makes constants of, as Citus needs them); returns its
+// last argument: the twin has one more), and after it the session's
+// idempotency.wait_timeout, through SPI, as parameters of a one-shot plan (which the
+// planner makes constants of, as Citus needs them); returns its
 // single result, copied into the caller's memory context (*isnull for NULL and void).
 Datum citus_forward(FunctionCallInfo fcinfo, int route_arg, Datum route, Oid route_type,
                     bool* isnull, const NullableDatum* args = nullptr);

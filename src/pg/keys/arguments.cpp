@@ -1,4 +1,5 @@
 #include "pg/keys/arguments.hpp"
+#include "pg/citus/citus_forward.hpp"
 
 #include "core/key.hpp"
 #include "pg/common/errors.hpp"
@@ -41,6 +42,7 @@ Identity identity_arguments(FunctionCallInfo fcinfo, int route_arg) {
 Identity scope_arguments(FunctionCallInfo fcinfo, int route_arg) {
   text* scope = name_argument(fcinfo, 0, "scope");
   Identity id{GetUserId(), scope, nullptr, Route{}};
+  citus_twin_settings(fcinfo, route_arg);
   if (PG_NARGS() > route_arg && !PG_ARGISNULL(route_arg)) {  // absent before 1.3
     id.route.type = get_fn_expr_argtype(fcinfo->flinfo, route_arg);
     if (!OidIsValid(id.route.type))

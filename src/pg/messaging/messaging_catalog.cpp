@@ -188,6 +188,7 @@ int local_outbox_shards(OutboxShard** shards) {
 bool messaging_target(FunctionCallInfo fcinfo, int route_arg, const char* function,
                       MessagingTarget* target, Route* route) {
   *route = Route{};
+  citus_twin_settings(fcinfo, route_arg);
   if (PG_NARGS() > route_arg && !PG_ARGISNULL(route_arg)) {  // absent before 1.4
     route->type = get_fn_expr_argtype(fcinfo->flinfo, route_arg);
     if (!OidIsValid(route->type))
