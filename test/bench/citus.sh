@@ -49,7 +49,7 @@ for node in coordinator worker1 worker2; do
     "max_connections = 100" "max_prepared_transactions = 100" "shared_buffers = '256MB'" \
     "max_wal_size = '4GB'" "citus.enable_statistics_collection = off" \
     "citus.enable_stat_counters = on" \
-    "idempotency.reaper_naptime = '1s'"
+    "idempotency.reaper_naptime = '1s'" "idempotency.outbox_retention = '1h'"
   ports+=("$port")
 done
 on() { runuser -u postgres -- psql -X -q -h 127.0.0.1 -p "$1" -d postgres -v ON_ERROR_STOP=1 "${@:2}"; }
@@ -156,7 +156,7 @@ done
 # every shard), emitted by delegated calls, drained by 4 relays on the coordinator
 # (test/bench/relay.sql: claim 500, ack), each call serving every shard; against the
 # same on one node: a database of the coordinator's server without Citus, whose
-# outbox is node-local.
+# outbox is node-local. (Delivered events are kept for an hour, to be counted.)
 RELAY_EVENTS=${RELAY_EVENTS:-20000}
 on "${ports[0]}" >/dev/null <<SQL
 CREATE FUNCTION bench_emit(p_account bigint, n integer) RETURNS bigint LANGUAGE sql AS \$\$
