@@ -5,11 +5,11 @@
 // retry wait for an event another transaction is writing, in the lock queue (the
 // deadlock detector sees them), until idempotency.wait_timeout.
 // With a distributed key store a client's call serves every shard of
-// idempotency.routed_outbox: it calls the function's twin (<function>_routed, one
-// more argument: a routing value) once per shard, through Citus, which runs it on the
-// shard's node, where it works on that shard as on the node-local outbox. An
-// aggregate's events are all in one shard (they share a routing value), so the
-// per-aggregate order of each shard's batch is the order of the whole batch.
+// idempotency.routed_outbox: it calls the function's twin (<function>_routed, with a
+// routing value) once per shard it needs, through Citus, which runs it on the shard's
+// node, where it works on that shard as on the node-local outbox. An aggregate's
+// events are all in one shard (they share a routing value), so the per-aggregate
+// order of each shard's batch is the order of the whole batch.
 #include <algorithm>
 #include <optional>
 
