@@ -29,6 +29,7 @@ use Test::More;
 use FindBin;
 use lib "$FindBin::RealBin/lib";
 use IdemCitus;
+use IdemCheck;
 
 IdemCitus::require_citus();
 
@@ -322,22 +323,9 @@ $_->safe_psql('postgres', q{ALTER SYSTEM RESET idempotency.wait_timeout; SELECT 
 # (k) amcheck on every shard of the routed messaging tables
 # ---------------------------------------------------------------------------------
 
-for my $worker (@workers) {
-	my $checked = $worker->safe_psql('postgres', q{
-		SET citus.override_table_visibility = off;
-		SELECT count(bt_index_parent_check(c.oid, true))
-		FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
-		WHERE c.relnamespace = 'idempotency'::regnamespace
-		  AND c.relname ~ '^routed_(outbox|applied).*_[0-9]+$'
-		  AND substring(c.relname from '_([0-9]+)$')::bigint IN (
-		        SELECT shardid FROM pg_dist_placement
-		        WHERE groupid = (SELECT groupid FROM pg_dist_local_group))});
-	my $shards = $coordinator->safe_psql('postgres', sprintf(q{
-		SELECT count(*) FROM citus_shards
-		WHERE table_name = 'idempotency.routed_outbox'::regclass AND nodeport = %d}, $worker->port));
-	# 4 indexes of routed_outbox, 1 of the aggregates, 2 of the applied versions.
-	is($checked, 7 * $shards, $worker->name . ": amcheck passed on the 7 indexes of each of its $shards shard groups");
-}
+# 4 indexes of routed_outbox, 1 of the aggregates, 2 of the applied versions.
+IdemCheck::amcheck_routed($coordinator, \@workers, '^routed_(outbox|applied).*_[0-9]+$',
+	'idempotency.routed_outbox', 7);
 
 $_->stop for @nodes;
 done_testing();

@@ -20,6 +20,7 @@ use Test::More;
 use FindBin;
 use lib "$FindBin::RealBin/lib";
 use IdemCitus;
+use IdemCheck;
 
 IdemCitus::require_citus();
 
@@ -187,21 +188,8 @@ is(reported_by_node(), expected_by_node(), '(b) and idem_node_stats, node by nod
 # (k) amcheck on every shard of routed_outbox
 # ---------------------------------------------------------------------------------
 
-for my $worker (@workers) {
-	my $checked = $worker->safe_psql('postgres', q{
-		SET citus.override_table_visibility = off;
-		SELECT count(bt_index_parent_check(c.oid, true))
-		FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
-		WHERE c.relnamespace = 'idempotency'::regnamespace
-		  AND c.relname ~ '^routed_outbox_(pkey|pending_idx|dead_idx|delivered_idx)_[0-9]+$'
-		  AND substring(c.relname from '_([0-9]+)$')::bigint IN (
-		        SELECT shardid FROM pg_dist_placement
-		        WHERE groupid = (SELECT groupid FROM pg_dist_local_group))});
-	my $shards = query(sprintf(q{
-		SELECT count(*) FROM citus_shards
-		WHERE table_name = 'idempotency.routed_outbox'::regclass AND nodeport = %d}, $worker->port));
-	is($checked, 4 * $shards, $worker->name . ": amcheck passed on the 4 indexes of each of its $shards outbox shards");
-}
+IdemCheck::amcheck_routed($coordinator, \@workers,
+	'^routed_outbox_(pkey|pending_idx|dead_idx|delivered_idx)_[0-9]+$', 'idempotency.routed_outbox', 4);
 
 $_->stop for @nodes;
 done_testing();

@@ -30,6 +30,7 @@ use Test::More;
 use FindBin;
 use lib "$FindBin::RealBin/lib";
 use IdemCitus;
+use IdemCheck;
 
 IdemCitus::require_citus();
 
@@ -278,21 +279,8 @@ is(sqlstate_of(q{SELECT * FROM idem_outbox_claim('r')}, 'app'), '42501', '(v) a 
 is(query(q{SELECT count(*) FILTER (WHERE state <> 'd') || '|' || count(*) FILTER (WHERE attempt = 0)
            FROM idempotency.routed_outbox}), '0|0', '(k) every event delivered, none never handed out');
 is(scalar(@{ claim('relay-1', 100) }), 0, '(k) a claim finds nothing more');
-for my $worker (@workers) {
-	my $checked = $worker->safe_psql('postgres', q{
-		SET citus.override_table_visibility = off;
-		SELECT count(bt_index_parent_check(c.oid, true))
-		FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
-		WHERE c.relnamespace = 'idempotency'::regnamespace
-		  AND c.relname ~ '^routed_outbox.*_[0-9]+$'
-		  AND substring(c.relname from '_([0-9]+)$')::bigint IN (
-		        SELECT shardid FROM pg_dist_placement
-		        WHERE groupid = (SELECT groupid FROM pg_dist_local_group))});
-	my $shards = query(sprintf(q{SELECT count(*) FROM citus_shards
-		WHERE table_name = 'idempotency.routed_outbox'::regclass AND nodeport = %d}, $worker->port));
-	# 4 indexes of routed_outbox, 1 of the aggregates.
-	is($checked, 5 * $shards, $worker->name . ": amcheck passed on the 5 outbox indexes of each of its $shards shards");
-}
+# 4 indexes of routed_outbox, 1 of the aggregates.
+IdemCheck::amcheck_routed($coordinator, \@workers, '^routed_outbox.*_[0-9]+$', 'idempotency.routed_outbox', 5);
 
 $_->stop for @nodes;
 done_testing();

@@ -46,6 +46,17 @@ namespace idempotency {
 
 namespace col = outbox_column;
 
+// The elements of an array of event ids; returns how many.
+static int elements_of(ArrayType* ids, Datum** elements, bool** nulls) {
+  int count;
+  int16 length;
+  bool byval;
+  char align;
+  get_typlenbyvalalign(ARR_ELEMTYPE(ids), &length, &byval, &align);
+  deconstruct_array(ids, ARR_ELEMTYPE(ids), length, byval, align, elements, nulls, &count);
+  return count;
+}
+
 // ---------------------------------------------------------------------------
 // Where a relay function runs
 // ---------------------------------------------------------------------------
@@ -164,12 +175,7 @@ static int64 count_on_shards(FunctionCallInfo fcinfo, Oid outbox, int ids_arg, i
     Oid type = ARR_ELEMTYPE(ids);
     Datum* elements;
     bool* nulls;
-    int count;
-    int16 length;
-    bool byval;
-    char align;
-    get_typlenbyvalalign(type, &length, &byval, &align);
-    deconstruct_array(ids, type, length, byval, align, &elements, &nulls, &count);
+    int count = elements_of(ids, &elements, &nulls);
     for (int n = 0; n < count; n++) {
       if (nulls[n]) continue;  // ignored, as by the shards
       int64 shardid = recall_shard(elements[n]);
@@ -425,12 +431,7 @@ static int64 settle_listed(Table* outbox, const MessagingOids& oids, ArrayType* 
                            const Settlement& how, NextEvent next) {
   Datum* elements;
   bool* nulls;
-  int count;
-  int16 length;
-  bool byval;
-  char align;
-  get_typlenbyvalalign(ARR_ELEMTYPE(ids), &length, &byval, &align);
-  deconstruct_array(ids, ARR_ELEMTYPE(ids), length, byval, align, &elements, &nulls, &count);
+  int count = elements_of(ids, &elements, &nulls);
   Snapshot snapshot = RegisterSnapshot(GetLatestSnapshot());
   int64 changed = 0;
   for (int i = 0; i < count; i++) {

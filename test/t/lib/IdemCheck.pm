@@ -52,26 +52,33 @@ sub amcheck_messaging {
 	}
 }
 
-# On each worker of a Citus cluster, bt_index_parent_check (heapallindexed) on the 4
-# indexes of every shard of the distributed key store placed there, one test per worker;
-# the coordinator counts the shards each should have.
-sub amcheck_routed_keys {
-	my ($coordinator, @workers) = @_;
-	for my $worker (@workers) {
-		my $checked = $worker->safe_psql('postgres', q{
+# On each worker of a Citus cluster, bt_index_parent_check (heapallindexed) on every
+# index matching $pattern of the shards placed there (of the co-located tables of a
+# distributed store), one test per worker: $per_shard indexes for each shard of $table
+# on it, as the coordinator counts them.
+sub amcheck_routed {
+	my ($coordinator, $workers, $pattern, $table, $per_shard) = @_;
+	for my $worker (@$workers) {
+		my $checked = $worker->safe_psql('postgres', qq{
 			SET citus.override_table_visibility = off;
 			SELECT count(bt_index_parent_check(c.oid, true))
 			FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
-			WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relname ~ '^routed_keys.*_[0-9]+$'
-			  AND substring(c.relname from '_([0-9]+)$')::bigint IN (
+			WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relname ~ '$pattern'
+			  AND substring(c.relname from '_([0-9]+)\$')::bigint IN (
 			        SELECT shardid FROM pg_dist_placement
 			        WHERE groupid = (SELECT groupid FROM pg_dist_local_group))});
 		my $shards = $coordinator->safe_psql('postgres', sprintf(q{
 			SELECT count(*) FROM citus_shards
-			WHERE table_name = 'idempotency.routed_keys'::regclass AND nodeport = %d}, $worker->port));
-		is($checked, 4 * $shards,
-			$worker->name . ": amcheck passed on the 4 indexes of each of its $shards shards");
+			WHERE table_name = '%s'::regclass AND nodeport = %d}, $table, $worker->port));
+		is($checked, $per_shard * $shards,
+			$worker->name . ": amcheck passed on $per_shard indexes for each of its $shards shards of $table");
 	}
+}
+
+# The 4 indexes of every shard of the distributed key store.
+sub amcheck_routed_keys {
+	my ($coordinator, @workers) = @_;
+	amcheck_routed($coordinator, \@workers, '^routed_keys.*_[0-9]+$', 'idempotency.routed_keys', 4);
 }
 
 1;
