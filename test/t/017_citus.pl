@@ -26,7 +26,9 @@
 #   (n) a worker session's cache of its shard rebuilt 300 times keeps no memory;
 #   (m) amcheck on every shard of the store after all of it;
 #   (g) idempotency.keys or a messaging table distributed by hand: refused (0A000);
-#       messaging with a distributed store without a route: 22023.
+#       messaging with a distributed store without a route: 22023;
+#   (u) undistributing an empty store; distributing again refused while the
+#       node-local outbox holds an undelivered event.
 #
 # Needs Citus installed in the PostgreSQL under test (scripts/citus.sh's citus_for,
 # which test/run_all.sh calls): skipped without it, unless IDEM_CITUS=1 (run_all sets
@@ -861,6 +863,18 @@ is(sqlstate_of($worker1, q{SELECT idem_once('u', 'u-1', route => 1::bigint)}), '
 	'(u) then a route is refused on the workers too (55000)');
 is($worker1->safe_psql('postgres', q{SELECT idem_once('u', 'u-1')}), 't',
 	'(u) and the node-local store works again');
+
+# Distributing again while the node-local outbox holds an event not delivered: refused
+# (the relay would then serve the shards only); once it is relayed, distributed.
+$coordinator->safe_psql('postgres', q{SELECT idem_emit('early', '{}')});
+is(sqlstate_of($coordinator, q{SELECT idem_distribute('payments')}), '55000',
+	'(u) idem_distribute with an undelivered event in the node-local outbox: 55000');
+is($coordinator->safe_psql('postgres', q{
+		SELECT idem_outbox_ack('r', array_agg(event_id)) FROM idem_outbox_claim('r')}), '1',
+	'(u) the event relayed from the node-local outbox');
+$coordinator->safe_psql('postgres', q{SELECT idem_distribute('payments')});
+is($coordinator->safe_psql('postgres', q{SELECT to_regclass('idempotency.routed_outbox') IS NOT NULL}),
+	't', '(u) then idem_distribute distributes the store again');
 
 $_->stop for @nodes;
 done_testing();
