@@ -501,6 +501,15 @@ BEGIN
             HINT = 'Distribute before the first claim, or let the keys expire (idem_reap()) '
                    'or remove them (idem_forget) first.';
   END IF;
+  -- Once distributed, the relay serves the shards' events only.
+  IF EXISTS (SELECT FROM idempotency.outbox WHERE state <> 'd') THEN
+    RAISE EXCEPTION 'the outbox holds events not delivered yet'
+      USING ERRCODE = 'object_not_in_prerequisite_state',
+            DETAIL = 'Once the store is distributed, the relay functions serve the events of '
+                     'its shards, not those of idempotency.outbox.',
+            HINT = 'Relay them first (idem_outbox_claim, idem_outbox_ack); retry and relay dead '
+                   'letters, or delete them.';
+  END IF;
   SELECT format_type(a.atttypid, a.atttypmod),
          CASE WHEN a.attcollation <> 0 THEN format(' COLLATE %s', a.attcollation::regcollation) ELSE '' END
     INTO route_type, route_collation
