@@ -38,19 +38,20 @@ static std::string_view bytes_of(const void* value) {
           errdetail("It did not end within idempotency.wait_timeout."), errhint("Retry later."));
 }
 
-// An event's place among its aggregate's.
+// An event's place among its aggregate's: its seq, and in a shard of routed_outbox its
+// position (on one node the position is drawn after the seq: see event_row).
 struct EventOrder {
   int64 seq;
-  int64 position;
+  std::optional<int64> position;
 };
 
-// The aggregate's next seq, counted in outbox_aggregates, and the event's position,
-// drawn after the seq, so that an aggregate's events take positions in seq order: the
-// counter's row, written here, makes the next emitter for the aggregate wait until
-// this transaction ends. With `holder`, nothing waits for another transaction holding
-// the counter: then nothing is taken, and *holder is that transaction.
+// The aggregate's next seq, counted in outbox_aggregates: the counter's row, written
+// here, makes the next emitter for the aggregate wait until this transaction ends.
+// With `holder`, nothing waits for another transaction holding the counter: then
+// nothing is taken, and *holder is that transaction.
 // In a shard of routed_outbox_aggregates, the counter is the (topic, aggregate,
-// route)'s, and it keeps the last position (core next_position).
+// route)'s, and it keeps the last position, which the next one follows (core
+// next_position: a number drawn before the counter's lock still comes after it).
 static std::optional<EventOrder> take_seq(const MessagingTarget& target, text* topic,
                                           text* aggregate, const LockSecret& secret,
                                           TimestampTz deadline, TransactionId* holder = nullptr) {
@@ -67,6 +68,7 @@ static std::optional<EventOrder> take_seq(const MessagingTarget& target, text* t
     ScanKeyInit(&keys[2], 3, BTEqualStrategyNumber,  // the primary key's 3rd column
                 target.aggregates_route_eq, target.route);
   EventOrder order{};
+  int64 drawn = target.routed ? nextval_internal(oids.position, false) : 0;
   Datum values[col::kRoutedCount] = {PointerGetDatum(topic), PointerGetDatum(aggregate), 0,
                                      target.route, 0};
   bool nulls[col::kRoutedCount] = {};
@@ -82,9 +84,9 @@ static std::optional<EventOrder> take_seq(const MessagingTarget& target, text* t
     if (found && target.routed)
       last_position = DatumGetInt64(column(&counters, col::kLastPosition, &isnull));
     order.seq = next_seq(last_seq);
-    order.position = next_position(last_position, nextval_internal(oids.position, false));
+    if (target.routed) order.position = next_position(last_position, drawn);
     values[col::kLastSeq - 1] = Int64GetDatum(order.seq);
-    values[col::kLastPosition - 1] = Int64GetDatum(order.position);
+    values[col::kLastPosition - 1] = Int64GetDatum(order.position.value_or(0));
     loop.apply(KeyedWrite{found ? KeyedWrite::kUpdate : KeyedWrite::kInsert, values, nulls});
   }
   if (loop.timed_out()) raise_emit_in_progress("aggregate");
@@ -127,8 +129,10 @@ static Datum emit(FunctionCallInfo fcinfo) {
   // The event's row, once it is known that no event has its id.
   auto event_row = [&](std::optional<EventOrder> order) {
     values[col::kEventId - 1] = PointerGetDatum(event_id);
-    values[col::kPosition - 1] =
-        Int64GetDatum(order ? order->position : nextval_internal(oids.position, false));
+    // On one node drawn after the seq, so that an aggregate's events take positions in
+    // seq order.
+    values[col::kPosition - 1] = Int64GetDatum(
+        order && order->position ? *order->position : nextval_internal(oids.position, false));
     values[col::kTopic - 1] = PointerGetDatum(topic);
     nulls[col::kAggregate - 1] = aggregate == nullptr;
     values[col::kAggregate - 1] = PointerGetDatum(aggregate);
