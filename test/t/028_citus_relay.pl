@@ -15,6 +15,8 @@
 #       lease on one of its events, to a node whose own position sequence is far
 #       behind: the ack after the move counts, and the aggregate's later events are
 #       still handed out in seq order;
+#   (r) relaying and emitting while a shard moves in logical mode: every event once, each
+#       aggregate in seq order;
 #   (s) one relay session claiming and acknowledging (acks go to the shards it was
 #       handed the events from), the shard of an event split in between;
 #   (v) a relay function inside a call Citus delegated: 0A000;
@@ -230,6 +232,60 @@ is(ack('relay-1', $held), '1', '(m) the ack after the move back counts');
 is(join(',', map { $_->[2] } @{ claim('relay-2', 100, q{, topics => '{moved}'}) }), '8',
 	'(m) and the next event follows: nothing lost, nothing reordered');
 as_relay(q{SELECT idem_outbox_ack('relay-2', '{mv-8}')});
+
+# ---------------------------------------------------------------------------------
+# (r) Relaying and emitting while a shard moves (logical mode)
+# ---------------------------------------------------------------------------------
+
+# 5 events of aggregate cr-N per account, then a move of account 1's shard started in
+# a session of its own; meanwhile a relay claims and acknowledges 4 at a time and a
+# producer emits for account 1, until the move is done and nothing is left. A call
+# that fails (the shard's cut-over) is retried, as a relay or a producer does.
+as_app(join("\n", map { my $a = $_; map { "SELECT idem_emit('concurrent', '{}', 'cr-$a', route => $a);" } 1 .. 5 } 1 .. $accounts));
+my $moving_from = node_of(1);
+my ($moving_to) = grep { $_ != $moving_from } map { $_->port } @workers;
+my $mover = $coordinator->background_psql('postgres');
+$mover->query_until(qr/moving/, sprintf(q{\echo moving
+SELECT citus_move_shard_placement(get_shard_id_for_distribution_column('payments', 1::bigint),
+  '127.0.0.1', %d, '127.0.0.1', %d, shard_transfer_mode => 'force_logical');
+\echo moved
+}, $moving_from, $moving_to));
+my (%seen_r, %order_r);
+my ($emitted_r, $retried_r) = (5 * $accounts, 0);
+my ($moved, $idle) = (0, 0);
+for my $round (1 .. 2000) {
+	$moved ||= node_of(1) == $moving_to;
+	if (!$moved || $round % 5 == 0) {
+		my ($ok) = $coordinator->psql('postgres', q{SELECT idem_emit('concurrent', '{}', 'cr-1', route => 1)},
+			extra_params => [ '-U', 'app' ]);
+		$ok == 0 ? $emitted_r++ : $retried_r++;
+	}
+	my ($out, $err) = ('', '');
+	my $rc = $coordinator->psql('postgres',
+		qq{SELECT $claim_columns FROM idem_outbox_claim('relay-r', 4, topics => '{concurrent}')},
+		stdout => \$out, stderr => \$err, extra_params => [ '-U', 'relay' ]);
+	if ($rc != 0) { $retried_r++; next }
+	my $batch = rows_of($out);
+	for my $row (@$batch) {
+		push @{ $order_r{ $row->[1] } }, $row->[2] unless $seen_r{ $row->[0] }++;
+	}
+	while (@$batch) {
+		my $rc_ack = $coordinator->psql('postgres', q{SELECT idem_outbox_ack('relay-r', } . ids($batch) . ')',
+			extra_params => [ '-U', 'relay' ]);
+		last if $rc_ack == 0;
+		$retried_r++;
+	}
+	$idle = @$batch ? 0 : $idle + 1;
+	last if $moved && $idle >= 2;
+}
+$mover->quit;
+note("(r) calls retried during the move: $retried_r");
+is(node_of(1), $moving_to, '(r) the shard of account 1 moved while relaying');
+is(scalar(keys %seen_r), $emitted_r, "(r) each of the $emitted_r events emitted before and during the move handed out");
+is(scalar(grep { my @s = @{ $order_r{$_} }; join(',', @s) eq join(',', 1 .. scalar @s) } keys %order_r),
+	$accounts, '(r) each aggregate in seq order 1, 2, 3, ... with no gap, across the move');
+is(query(q{SELECT count(*) FROM idempotency.routed_outbox WHERE topic = 'concurrent' AND state <> 'd'}), '0',
+	'(r) all acknowledged');
 
 # ---------------------------------------------------------------------------------
 # (s) One relay session claiming and acknowledging (it remembers each event's shard),
