@@ -1,7 +1,7 @@
 # PGXS build of the idempotency extension (C++17, OpenSSL libcrypto).
 EXTENSION = idempotency
 MODULE_big = idempotency
-DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql idempotency--1.1--1.2.sql idempotency--1.2--1.3.sql idempotency--1.3--1.4.sql \
+DATA = idempotency--1.0.sql idempotency--1.0--1.1.sql idempotency--1.1--1.2.sql idempotency--1.2--1.3.sql idempotency--1.3--1.4.sql idempotency--1.4--1.5.sql \
        idempotency--1.2--1.4.sql
 
 CORE_OBJS = src/core/key.o src/core/canonical_json.o src/core/sha256.o src/core/key_state.o src/core/outbox.o src/core/batch.o
@@ -56,7 +56,7 @@ $(OBJS): $(wildcard src/core/*.hpp src/pg/*/*.hpp)
 # remakes it when either changes, and test/run_all.sh checks the committed file is
 # what this makes (scripts/update_scripts.sh says why).
 all: idempotency--1.2--1.4.sql
-idempotency--1.2--1.4.sql: idempotency--1.2--1.3.sql idempotency--1.3--1.4.sql \
+idempotency--1.2--1.4.sql: idempotency--1.2--1.3.sql idempotency--1.3--1.4.sql idempotency--1.4--1.5.sql \
     scripts/update/1.2--1.3.grants_save.sql scripts/update/1.2--1.3.grants_restore.sql \
     scripts/update_scripts.sh
 	scripts/update_scripts.sh

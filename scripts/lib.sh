@@ -7,7 +7,8 @@
 # Every function returns non-zero on failure, also when called inside `if` or `||`
 # (where `set -e` does not apply).
 
-PG_BIN=/usr/lib/postgresql/15/bin
+# PG15_PREFIX: another copy of Debian's PostgreSQL 15 (see pg_private_copy).
+PG_BIN=${PG15_PREFIX:-/usr/lib/postgresql/15}/bin
 PG_CONFIG=$PG_BIN/pg_config
 export PATH="$PG_BIN:$PATH"
 # English messages, UTF-8 clusters and byte-order sorting, whatever the machine's locale

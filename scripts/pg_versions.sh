@@ -134,9 +134,10 @@ pg_prefix() {
   local v=${1:-} suite line sha key tarball prefix status url=""
   if [ "$v" = 15 ]; then
     # Debian 12's own packages (scripts/lib.sh's ensure_packages installs them).
-    [ -x /usr/lib/postgresql/15/bin/pg_config ] ||
-      { echo "pg_prefix: postgresql-server-dev-15 is not installed" >&2; return 1; }
-    echo /usr/lib/postgresql/15
+    local p15=${PG15_PREFIX:-/usr/lib/postgresql/15}
+    [ -x "$p15/bin/pg_config" ] ||
+      { echo "pg_prefix: postgresql-server-dev-15 is not installed in $p15" >&2; return 1; }
+    echo "$p15"
     return 0
   fi
   suite=$(_pgv_suite "$v") || return 1
