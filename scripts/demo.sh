@@ -7,7 +7,9 @@
 #           retry replayed, the same key with another amount refused (IK001), a
 #           rolled-back attempt that leaves the key free;
 #   part 2, a lease claim around an outside call whose holder dies after the call:
-#           the background worker marks it abandoned and a retry resumes it.
+#           the background worker marks it abandoned and a retry resumes it;
+#   part 3, the payment's event: emitted with the payment, relayed by
+#           examples/messaging's relay and applied once by its consumer.
 # Every result is also checked: the demo stops with "!! unexpected" if one is wrong.
 # The cluster and its files are removed on exit.
 set -euo pipefail
