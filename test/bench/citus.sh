@@ -165,11 +165,27 @@ executions() {
   echo "$total"
 }
 
-# run WHERE PROCEDURE: prints "tps latency_ms failed executions_per_call"
+# CPU ticks (of 1/100 s) that a node's server processes used so far: the postmaster's
+# own and its exited children's (it reaps them: cutime, cstime), and its live
+# children's. pgbench's own time is not a node's.
+node_ticks() {
+  local pid child total
+  pid=$(head -1 "$work/$1/data/postmaster.pid")
+  total=$(awk '{ sub(/^.*\) /, ""); print $12 + $13 + $14 + $15 }' "/proc/$pid/stat")
+  for child in $(pgrep -P "$pid"); do
+    total=$((total + $(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "/proc/$child/stat" 2>/dev/null || echo 0)))
+  done
+  echo "$total"
+}
+
+# run WHERE PROCEDURE: prints "tps latency_ms failed executions_per_call
+# coordinator_us_per_call workers_us_per_call" (µs of CPU per transaction)
 run() {
-  local port=${ports[0]} out before
+  local port=${ports[0]} out before coordinator_before workers_before
   [ "$1" = worker ] && port=${ports[1]}
   before=$(executions)
+  coordinator_before=$(node_ticks coordinator)
+  workers_before=$(($(node_ticks worker1) + $(node_ticks worker2)))
   out=$(runuser -u postgres -- env PGOPTIONS="-c synchronous_commit=off" \
     pgbench -n -h 127.0.0.1 -p "$port" -c "$CLIENTS" -j 2 -T "$SECONDS_PER_RUN" \
     -f "$work/$1_$2.sql" postgres 2>&1) || true
@@ -179,7 +195,12 @@ run() {
   failed=$(sed -nE 's/^number of failed transactions: ([0-9]+).*/\1/p' <<<"$out")
   processed=$(sed -nE 's/^number of transactions actually processed: ([0-9]+).*/\1/p' <<<"$out")
   grep -q aborted <<<"$out" && failed=aborted
-  echo "${tps:-0} ${latency:-0} ${failed:-0} $(awk -v e="$(($(executions) - before))" -v n="${processed:-0}" 'BEGIN { printf "%.2f", n ? e / n : 0 }')"
+  sleep 1  # pgbench's backends exit and are reaped
+  local coordinator_ticks=$(($(node_ticks coordinator) - coordinator_before))
+  local workers_ticks=$(($(node_ticks worker1) + $(node_ticks worker2) - workers_before))
+  echo "${tps:-0} ${latency:-0} ${failed:-0} $(awk -v e="$(($(executions) - before))" -v n="${processed:-0}" 'BEGIN { printf "%.2f", n ? e / n : 0 }')" \
+    "$(awk -v t="$coordinator_ticks" -v n="${processed:-0}" 'BEGIN { printf "%.0f", n ? t * 10000 / n : 0 }')" \
+    "$(awk -v t="$workers_ticks" -v n="${processed:-0}" 'BEGIN { printf "%.0f", n ? t * 10000 / n : 0 }')"
 }
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
@@ -187,9 +208,9 @@ declare -A results
 for round in $(seq "$ROUNDS"); do
   for where in coordinator worker block; do
     for procedure in floor_payment hand_payment create_payment; do
-      read -r tps latency failed per_call < <(run "$where" "$procedure")
-      results[$where,$procedure]+="$tps $latency $failed $per_call"$'\n'
-      echo "round $round $where $procedure: $tps tps, $latency ms, $failed failed, $per_call Citus executions per call" >&2
+      read -r tps latency failed per_call coordinator_us workers_us < <(run "$where" "$procedure")
+      results[$where,$procedure]+="$tps $latency $failed $per_call $coordinator_us $workers_us"$'\n'
+      echo "round $round $where $procedure: $tps tps, $latency ms, $failed failed, $per_call Citus executions per call, CPU per call: coordinator $coordinator_us µs, workers $workers_us µs" >&2
     done
   done
 done
@@ -255,6 +276,15 @@ out=test/bench/results-citus-pg$PG_VERSION.md
       "$(awk -v a="$ext" -v b="$floor" 'BEGIN { print a / b }')" "$(awk -v a="$ext" -v b="$hand" 'BEGIN { print a / b }')" \
       "$(lat floor_payment)" "$(lat hand_payment)" "$(lat create_payment)" \
       "$(per_call floor_payment)" "$(per_call hand_payment)" "$(per_call create_payment)"
+  done
+  echo
+  echo "Server CPU per transaction (µs, median; the processes of each node's postmaster, pgbench not included), coordinator / both workers:"
+  echo
+  echo "| called | floor | hand | ext |"
+  echo "| --- | --- | --- | --- |"
+  for where in coordinator worker block; do
+    cpu() { echo "$(awk 'NF { print $5 }' <<<"${results[$where,$1]}" | median) / $(awk 'NF { print $6 }' <<<"${results[$where,$1]}" | median)"; }
+    echo "| $where | $(cpu floor_payment) | $(cpu hand_payment) | $(cpu create_payment) |"
   done
   echo
   echo "Payments: $paid; keys stored (one per ext call): $keys; hand-written keys (one per hand call): $hand_keys."

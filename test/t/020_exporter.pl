@@ -96,4 +96,50 @@ unlike(slurp_file($log), qr/level=error/, 'the exporter logged no error');
 
 $handle->kill_kill;
 $node->stop;
+
+# The alert rules of the same page: valid for Prometheus (promtool check rules), and the
+# counters' rules firing on known series (promtool test rules): the replay ratio, a
+# reused key, retries while in flight.
+SKIP: {
+	my $promtool = '/usr/bin/promtool';
+	skip "$promtool is missing (apt-get install prometheus): the rules are not checked", 6
+	  unless -x $promtool;
+	my ($rules) = $page =~ /```yaml\n(groups:.*?)```/s;
+	ok(defined $rules, 'docs/operations.md has the alert rules block');
+	PostgreSQL::Test::Utils::append_to_file("$dir/rules.yml", $rules // '');
+	my ($out, $err);
+	IPC::Run::run([ $promtool, 'check', 'rules', "$dir/rules.yml" ], '>', \$out, '2>', \$err);
+	like($out, qr/SUCCESS/, 'promtool accepts the rules') or diag("$out$err");
+	my %summary = ($rules // '') =~ /- alert: (\w+)\n(?:.*\n)*?\s+annotations: \{summary: ("[^"]*")\}/g;
+	# Per minute: 80 claims and 30 replays (a replay ratio of 30/110), a mismatch at
+	# minute 11 only, and from minute 5 on 20 in_progress answers.
+	PostgreSQL::Test::Utils::append_to_file("$dir/rules_test.yml", qq{
+rule_files: [rules.yml]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - {series: 'idempotency_claims_total{instance="db"}', values: '0+80x40'}
+      - {series: 'idempotency_replays_total{instance="db"}', values: '0+30x40'}
+      - {series: 'idempotency_fingerprint_mismatches_total{instance="db"}', values: '0x10 1x30'}
+      - {series: 'idempotency_in_progress_total{instance="db"}', values: '0x5 0+20x35'}
+    promql_expr_test:
+      - expr: round(idempotency:replay_ratio:rate5m, 0.001)
+        eval_time: 30m
+        exp_samples: [{labels: '{instance="db"}', value: 0.273}]
+    alert_rule_test:
+      - {eval_time: 15m, alertname: IdempotencyKeyReused,
+         exp_alerts: [{exp_labels: {instance: db}, exp_annotations: {summary: $summary{IdempotencyKeyReused}}}]}
+      - {eval_time: 30m, alertname: IdempotencyKeyReused, exp_alerts: []}
+      - {eval_time: 10m, alertname: IdempotencyHighReplayRate, exp_alerts: []}
+      - {eval_time: 30m, alertname: IdempotencyHighReplayRate,
+         exp_alerts: [{exp_labels: {instance: db}, exp_annotations: {summary: $summary{IdempotencyHighReplayRate}}}]}
+      - {eval_time: 30m, alertname: IdempotencyRetriesWhileInFlight,
+         exp_alerts: [{exp_labels: {instance: db}, exp_annotations: {summary: $summary{IdempotencyRetriesWhileInFlight}}}]}
+});
+	IPC::Run::run([ $promtool, 'test', 'rules', "$dir/rules_test.yml" ], '>', \$out, '2>', \$err);
+	like($out, qr/SUCCESS/, 'the counters\' rules fire as meant on known series') or diag("$out$err");
+	ok(exists $summary{$_}, "the rules have $_") for qw(IdempotencyKeyReused IdempotencyHighReplayRate
+	  IdempotencyRetriesWhileInFlight);
+}
 done_testing();
