@@ -97,8 +97,10 @@ CREATE EXTENSION idempotency VERSION '1.4';
 RESET client_min_messages;
 GRANT EXECUTE ON FUNCTION idem_stats(boolean) TO regress_idem_dashboard;
 CREATE VIEW key_figures AS SELECT keys_total, reaped_total FROM idem_stats();
+\set SHOW_CONTEXT never
 ALTER EXTENSION idempotency UPDATE TO '1.5';
 \echo :LAST_ERROR_SQLSTATE
+\set SHOW_CONTEXT errors
 SELECT extversion FROM pg_extension WHERE extname = 'idempotency';
 DROP VIEW key_figures;
 ALTER EXTENSION idempotency UPDATE TO '1.5';
