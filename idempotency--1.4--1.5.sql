@@ -4,3 +4,152 @@
 -- As from 1.4, objects whose signature does not change are kept in place (CREATE OR
 -- REPLACE), so that users' views and SQL-standard functions over them survive the update;
 -- grants are carried by exact signature.
+
+------------------------------------------------------------------------------
+-- idem_stats counts what the key functions answered (issue 43): claims_total,
+-- replays_total, fingerprint_mismatches_total, in_progress_total since server start,
+-- and the edition ('native'). Its result type changes, so it is dropped and made again,
+-- and idem_node_stats, which mirrors its columns, too; their grants (pg_monitor, and any
+-- an administrator added) are carried by exact signature. A user's view or function
+-- over idem_stats would block the drop: the update stops first, saying which, and
+-- docs/operations.md gives the statements to run around it.
+------------------------------------------------------------------------------
+DO $$
+DECLARE
+  dependents text;
+BEGIN
+  SELECT pg_catalog.string_agg(DISTINCT CASE
+           WHEN d.classid = 'pg_catalog.pg_rewrite'::pg_catalog.regclass
+           THEN (SELECT 'view ' || r.ev_class::pg_catalog.regclass::text
+                 FROM pg_catalog.pg_rewrite r WHERE r.oid = d.objid)
+           ELSE pg_catalog.pg_describe_object(d.classid, d.objid, 0) END, ', ')
+    INTO dependents
+  FROM pg_catalog.pg_depend d
+  WHERE d.refclassid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+    AND d.refobjid IN (pg_catalog.to_regprocedure('@extschema@.idem_stats(boolean)'),
+                       pg_catalog.to_regprocedure('@extschema@.idem_node_stats()'))
+    AND d.deptype = 'n';
+  IF dependents IS NOT NULL THEN
+    RAISE EXCEPTION 'idem_stats() cannot be updated while other objects depend on it'
+      USING ERRCODE = 'dependent_objects_still_exist',
+            DETAIL = pg_catalog.format('Depending on it: %s.', dependents),
+            HINT = 'Drop them, run ALTER EXTENSION idempotency UPDATE, then create them again '
+                   '(docs/operations.md, "Updating to 1.5").';
+  END IF;
+END $$;
+
+SELECT pg_catalog.set_config('idem_upgrade.stats_acls', COALESCE(pg_catalog.jsonb_object_agg(
+         f.signature, COALESCE((SELECT pg_catalog.jsonb_agg(pg_catalog.jsonb_build_array(
+                                          a.grantee, a.is_grantable))
+                                FROM pg_catalog.aclexplode(p.proacl) a
+                                WHERE a.privilege_type = 'EXECUTE'), '[]')
+       )::text, '{}'), true)
+FROM (VALUES ('@extschema@.idem_stats(boolean)'), ('@extschema@.idem_node_stats()'))
+  AS f(signature)
+JOIN pg_catalog.pg_proc p ON p.oid = pg_catalog.to_regprocedure(f.signature)
+JOIN pg_catalog.pg_depend d
+  ON d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND d.objid = p.oid AND d.deptype = 'e'
+ AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+ AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e WHERE e.extname = 'idempotency')
+WHERE p.proacl IS NOT NULL;
+
+DROP FUNCTION idem_node_stats();
+DROP FUNCTION idem_stats(boolean);
+
+CREATE FUNCTION idem_stats(node_only boolean DEFAULT false)
+  RETURNS TABLE(keys_total bigint, pending bigint, completed bigint, failed bigint,
+                abandoned bigint, expired_awaiting_reap bigint, reaped_total bigint,
+                reclaimed_total bigint, last_reap_at timestamptz, last_reap_ms bigint,
+                worker_pid integer, stale_leases bigint, outbox_undelivered bigint,
+                outbox_dead bigint, outbox_oldest_undelivered_at timestamptz,
+                claims_total bigint, replays_total bigint, fingerprint_mismatches_total bigint,
+                in_progress_total bigint, edition text)
+  AS 'MODULE_PATHNAME' LANGUAGE C VOLATILE;
+REVOKE ALL ON FUNCTION idem_stats(boolean) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idem_stats(boolean) TO pg_monitor;
+
+-- Every node's idem_stats(node_only => true), through Citus, one row per node (an
+-- unreachable node: a row of NULLs with a WARNING).
+CREATE FUNCTION idem_node_stats()
+  RETURNS TABLE(nodename text, nodeport integer, keys_total bigint, pending bigint,
+                completed bigint, failed bigint, abandoned bigint,
+                expired_awaiting_reap bigint, reaped_total bigint, reclaimed_total bigint,
+                last_reap_at timestamptz, last_reap_ms bigint, worker_pid integer,
+                stale_leases bigint, outbox_undelivered bigint, outbox_dead bigint,
+                outbox_oldest_undelivered_at timestamptz, claims_total bigint,
+                replays_total bigint, fingerprint_mismatches_total bigint,
+                in_progress_total bigint, edition text)
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  node record;
+  stats record;
+BEGIN
+  IF NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'citus') THEN
+    RAISE EXCEPTION 'idem_node_stats needs Citus'
+      USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Call idem_stats().';
+  END IF;
+  FOR node IN
+    SELECT n.nodename AS name, n.nodeport AS port, r.success, r.result
+    FROM run_command_on_all_nodes(
+           'SELECT row_to_json(s) FROM @extschema@.idem_stats(node_only => true) s') r
+    JOIN pg_dist_node n USING (nodeid) ORDER BY n.groupid, n.nodeid
+  LOOP
+    nodename := node.name;
+    nodeport := node.port;
+    IF NOT node.success THEN
+      RAISE WARNING 'idem_node_stats: node %:% did not answer: %', node.name, node.port, node.result;
+    END IF;
+    -- A node's columns by name: one not yet updated to 1.5 shows NULL counters.
+    SELECT * INTO stats FROM json_to_record(CASE WHEN node.success THEN node.result::json END) AS r(
+             keys_total bigint, pending bigint, completed bigint, failed bigint,
+             abandoned bigint, expired_awaiting_reap bigint, reaped_total bigint,
+             reclaimed_total bigint, last_reap_at timestamptz, last_reap_ms bigint,
+             worker_pid integer, stale_leases bigint, outbox_undelivered bigint,
+             outbox_dead bigint, outbox_oldest_undelivered_at timestamptz,
+             claims_total bigint, replays_total bigint, fingerprint_mismatches_total bigint,
+             in_progress_total bigint, edition text);
+    keys_total := stats.keys_total; pending := stats.pending; completed := stats.completed;
+    failed := stats.failed; abandoned := stats.abandoned;
+    expired_awaiting_reap := stats.expired_awaiting_reap; reaped_total := stats.reaped_total;
+    reclaimed_total := stats.reclaimed_total; last_reap_at := stats.last_reap_at;
+    last_reap_ms := stats.last_reap_ms; worker_pid := stats.worker_pid;
+    stale_leases := stats.stale_leases; outbox_undelivered := stats.outbox_undelivered;
+    outbox_dead := stats.outbox_dead;
+    outbox_oldest_undelivered_at := stats.outbox_oldest_undelivered_at;
+    claims_total := stats.claims_total; replays_total := stats.replays_total;
+    fingerprint_mismatches_total := stats.fingerprint_mismatches_total;
+    in_progress_total := stats.in_progress_total; edition := stats.edition;
+    RETURN NEXT;
+  END LOOP;
+END $$;
+REVOKE ALL ON FUNCTION idem_node_stats() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idem_node_stats() TO pg_monitor;
+
+-- The grants kept aside above, given again by exact signature to the extension's own
+-- functions (never another function of that name).
+DO $$
+DECLARE
+  acls jsonb := pg_catalog.current_setting('idem_upgrade.stats_acls')::jsonb;
+  signature text;
+  grant_entry jsonb;
+BEGIN
+  FOR signature IN SELECT pg_catalog.jsonb_object_keys(acls) LOOP
+    IF NOT EXISTS (
+        SELECT FROM pg_catalog.pg_depend d
+        WHERE d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+          AND d.objid = pg_catalog.to_regprocedure(signature) AND d.deptype = 'e'
+          AND d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass
+          AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e
+                            WHERE e.extname = 'idempotency')) THEN
+      RAISE EXCEPTION 'idempotency update: % is not a function of the extension', signature;
+    END IF;
+    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', signature);
+    FOR grant_entry IN SELECT pg_catalog.jsonb_array_elements(acls -> signature) LOOP
+      EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s%s', signature,
+        CASE WHEN (grant_entry ->> 0)::oid = 0 THEN 'PUBLIC'
+             ELSE (SELECT pg_catalog.quote_ident(r.rolname) FROM pg_catalog.pg_roles r
+                   WHERE r.oid = (grant_entry ->> 0)::oid) END,
+        CASE WHEN (grant_entry ->> 1)::boolean THEN ' WITH GRANT OPTION' ELSE '' END);
+    END LOOP;
+  END LOOP;
+END $$;

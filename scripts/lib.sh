@@ -23,7 +23,8 @@ export LANG=C.UTF-8 LC_ALL=C.UTF-8
 # (examples/messaging) and its test, which runs a broker of its own (the package's
 # system broker, if its installation started one, is left alone);
 # prometheus-postgres-exporter for the exporter query of docs/operations.md
-# (test/t/020_exporter.pl, which runs one of its own); debhelper, dpkg-dev,
+# (test/t/020_exporter.pl, which runs one of its own) and prometheus for its promtool,
+# which checks and tests the alert rules there; debhelper, dpkg-dev,
 # build-essential and postgresql-server-dev-all (pg_buildext) for the Debian package
 # (debian/);
 # the JDK with JDBC, Go with lib/pq, and npm (node-postgres) for the clients of
@@ -32,7 +33,7 @@ REQUIRED_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 l
                    g++ make cmake libgtest-dev libipc-run-perl perl clang libclang-rt-14-dev
                    python3 python3-psycopg python3-psycopg-pool pgbouncer sqlsmith git
                    clang-format clang-tidy bear nodejs rabbitmq-server python3-pika
-                   prometheus-postgres-exporter debhelper dpkg-dev build-essential
+                   prometheus-postgres-exporter prometheus debhelper dpkg-dev build-essential
                    postgresql-server-dev-all
                    openjdk-17-jdk-headless libpostgresql-jdbc-java golang-go
                    golang-github-lib-pq-dev)

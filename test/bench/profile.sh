@@ -6,6 +6,7 @@
 #   PG_VERSION=18 test/bench/profile.sh          # a PostgreSQL of scripts/pg_versions.sh
 #   CALLS=2000 KEYS=20000 OUT=/tmp/profile test/bench/profile.sh
 #   ONLY=batch BATCH=100 BATCH_KEYS=20000 test/bench/profile.sh   # the batch inbox alone
+#   ONLY=claims test/bench/profile.sh   # a new key and a replay alone (an A/B of the claim path)
 # Each scenario runs in a session of its own against a postmaster started under
 # callgrind: a warm-up (the session's caches, the first call's look-ups), then
 # `SELECT pg_sleep(0)`, before which callgrind zeroes its counters, then the measured
@@ -150,6 +151,18 @@ if [ "${ONLY:-}" = batch ]; then
     echo
     echo "PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}'), $BATCH_KEYS keys per scenario, synchronous_commit off; profiles in $OUT."
   } | tee "$OUT/summary.md"
+  exit 0
+fi
+if [ "${ONLY:-}" = claims ]; then
+  calls_session create_payment "gen_random_uuid()::idem_key" "$CALLS" >"$work/ext_new.sql"
+  ir[ext_new]=$(scenario ext_new "$work/ext_new.sql")
+  # Replays of one completed key (setup.sql's, made for account 42).
+  calls_session create_payment "'replay-42'::idem_key" "$CALLS" |
+    sed -E "s/^(CALL create_payment\('replay-42'::idem_key), [0-9]+, 10\);/\1, 42, 10);/" >"$work/ext_replay.sql"
+  ir[ext_replay]=$(scenario ext_replay "$work/ext_replay.sql")
+  for name in ext_new ext_replay; do
+    echo "$name: $(awk -v t="${ir[$name]}" -v n="$CALLS" 'BEGIN { printf "%.0f", t / n }') instructions per call"
+  done | tee "$OUT/summary.md"
   exit 0
 fi
 once_session 1 >"$work/once.sql"

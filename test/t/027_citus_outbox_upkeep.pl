@@ -10,6 +10,9 @@
 #       than idempotency.outbox_retention, never pending or dead ones, nor one this
 #       transaction marked delivered; the removals count in reaped_total;
 #   (b) the background worker's pass on each worker does the same;
+#   (c) idem_stats()'s answer counters: a key function called on the coordinator is
+#       counted once, on the node that holds its shard, and the coordinator's
+#       idem_stats() adds up the nodes';
 #   (k) amcheck on every shard of routed_outbox.
 #
 # Needs Citus installed in the PostgreSQL under test, like 017_citus.pl (IDEM_CITUS).
@@ -183,6 +186,49 @@ ok($coordinator->poll_query_until('postgres', 'SELECT sum(reaped_total) FROM ide
 is(count_state('x') . '|' . count_state('p'), "$accounts|" . ($accounts - 1), '(b) dead and pending kept');
 is(reported_cluster(), expected_cluster(), '(b) idem_stats() on the coordinator agrees');
 is(reported_by_node(), expected_by_node(), '(b) and idem_node_stats, node by node');
+
+# ---------------------------------------------------------------------------------
+# (c) The answer counters
+# ---------------------------------------------------------------------------------
+
+sub answers {
+	my ($sql) = @_;
+	return query("SELECT claims_total || '|' || replays_total || '|' || fingerprint_mismatches_total
+	                     || '|' || in_progress_total FROM ($sql) s");
+}
+my $cluster_sql = 'SELECT * FROM idem_stats()';
+my $coordinator_sql = 'SELECT * FROM idem_stats(node_only => true)';
+my $workers_sql = sprintf('SELECT sum(claims_total) AS claims_total, sum(replays_total) AS replays_total,
+	sum(fingerprint_mismatches_total) AS fingerprint_mismatches_total,
+	sum(in_progress_total) AS in_progress_total FROM idem_node_stats() WHERE nodeport <> %d',
+	$coordinator->port);
+my %was = map { $_ => [ split /\|/, answers($_) ] } $cluster_sql, $coordinator_sql, $workers_sql;
+sub grown {
+	my ($sql) = @_;
+	my @now = split /\|/, answers($sql);
+	return join '|', map { $now[$_] - $was{$sql}[$_] } 0 .. 3;
+}
+# Per account: idem_once twice (a claim, a replay); one key claimed and completed in a
+# transaction block, then claimed with another fingerprint (IK001), and a live lease
+# claimed again (in_progress).
+query(join("\n", map { "SELECT idem_once('count', 'once-$_', route => $_);" } 1 .. $accounts));
+query(join("\n", map { "SELECT idem_once('count', 'once-$_', route => $_);" } 1 .. $accounts));
+query(q{BEGIN;
+	SELECT idem_claim('count', 'block-1', '\x01', route => 1);
+	SELECT idem_complete('count', 'block-1', '{}', route => 1);
+	COMMIT;
+	SELECT idem_claim('count', 'leased-2', lease => '1 hour', route => 2);
+	SELECT idem_claim('count', 'leased-2', lease => '1 hour', route => 2);});
+my ($ret, $out, $err) = $coordinator->psql('postgres',
+	q{SELECT idem_claim('count', 'block-1', '\x02', route => 1)});
+like($err, qr/different request/, '(c) a claim with another fingerprint is refused');
+my $expected = ($accounts + 2) . "|$accounts|1|1";
+is(grown($workers_sql), $expected, '(c) the workers counted each answer: claims, replays, IK001, in_progress');
+is(grown($coordinator_sql), '0|0|0|0', '(c) the coordinator, which forwarded them, counted none');
+is(grown($cluster_sql), $expected, '(c) idem_stats() on the coordinator adds up the nodes\'');
+is(query(q{SELECT string_agg(DISTINCT edition, ',') FROM idem_node_stats()}) . ' '
+	  . query(q{SELECT edition FROM idem_stats()}),
+	'native native', '(c) every node and the cluster say edition native');
 
 # ---------------------------------------------------------------------------------
 # (k) amcheck on every shard of routed_outbox

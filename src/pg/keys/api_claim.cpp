@@ -5,6 +5,7 @@
 #include "pg/citus/citus_forward.hpp"
 #include "pg/keys/arguments.hpp"
 #include "pg/keys/driver.hpp"
+#include "pg/keys/outcome_counters.hpp"
 #include "pg/common/errors.hpp"
 #include "pg/common/guc.hpp"
 #include "pg/keys/xact.hpp"
@@ -176,25 +177,35 @@ static Datum claim(FunctionCallInfo fcinfo) {
     request.terms = claim_terms(fingerprint, ttl, lease, now);  // the window starts now
     action = decide_claim(probe.found ? &probe.view : nullptr,
                           fingerprint ? std::optional(fingerprint->bytes) : std::nullopt, now);
-    if (action == ClaimAction::kMismatch) raise_mismatch(request.id);
+    if (action == ClaimAction::kMismatch) {
+      count_answer(Answer::kMismatch);
+      raise_mismatch(request.id);
+    }
     step = claim_step(action, request, probe, now, false);
     loop.apply(step);
   }
   store_close(&store);
 
-  if (loop.timed_out())
+  // Each answer counted once it is final (a wait's retries are not counted); a
+  // `duplicate` (this transaction's own claim) is not an answer to a client's retry.
+  if (loop.timed_out()) {
+    count_answer(Answer::kInProgress);
     return claim_result(fcinfo, Outcome::kInProgress, probe.found ? &probe.view : nullptr,
                         waited_us(request));
+  }
   switch (action) {
     case ClaimAction::kDuplicate:
       return claim_result(fcinfo, Outcome::kDuplicate, &probe.view, std::nullopt);
     case ClaimAction::kReplay:
+      count_answer(Answer::kReplay);
       return claim_result(fcinfo, Outcome::kReplay, &probe.view, std::nullopt);
     case ClaimAction::kInProgress:
+      count_answer(Answer::kInProgress);
       return claim_result(fcinfo, Outcome::kInProgress, &probe.view,
                           *probe.view.lease_expires_at - GetCurrentTimestamp());
     default:
       remember_claim(request.id, !request.in_transaction, store.oids);
+      count_answer(Answer::kClaimed);
       return claim_result(fcinfo, Outcome::kClaimed, &step.row, std::nullopt);
   }
 }
@@ -227,13 +238,21 @@ static bool once_key(KeyStore* store, ClaimRequest& request, Interval* ttl) {
     TimestampTz now = GetCurrentTimestamp();
     request.terms = claim_terms(std::nullopt, ttl, nullptr, now);
     ClaimAction action = decide_claim(probe.found ? &probe.view : nullptr, std::nullopt, now);
-    if (action == ClaimAction::kInProgress) raise_in_progress(request.id);  // a live lease
+    if (action == ClaimAction::kInProgress) {  // a live lease
+      count_answer(Answer::kInProgress);
+      raise_in_progress(request.id);
+    }
     step = claim_step(action, request, probe, now, true);
     loop.apply(step);
   }
   last_once_inserted = !loop.timed_out() && step.kind == Step::kInsert && !probe.found;
-  if (loop.timed_out()) raise_in_progress(request.id);
-  return step.kind != Step::kStop;
+  if (loop.timed_out()) {
+    count_answer(Answer::kInProgress);
+    raise_in_progress(request.id);
+  }
+  bool applied = step.kind != Step::kStop;
+  count_answer(applied ? Answer::kClaimed : Answer::kReplay);
+  return applied;
 }
 
 static Datum once(FunctionCallInfo fcinfo) {

@@ -2,6 +2,7 @@
 
 #include "pg/common/errors.hpp"
 #include "pg/keys/identity_lock.hpp"
+#include "pg/keys/outcome_counters.hpp"
 #include "pg/worker/worker.hpp"
 
 extern "C" {
@@ -23,6 +24,7 @@ struct Segment {
 static const Segment kSegments[] = {
     {"idempotency identity locks", insert_counts_size, attach_insert_counts},
     {"idempotency", worker_state_size, attach_worker_state},
+    {"idempotency answer counters", answer_counters_size, attach_answer_counters},
 };
 
 static shmem_request_hook_type previous_request;

@@ -7,6 +7,7 @@
 #include "pg/common/open_relations.hpp"
 #include "pg/messaging/messaging_catalog.hpp"
 #include "pg/common/table.hpp"
+#include "pg/keys/outcome_counters.hpp"
 #include "pg/worker/reaper_pass.hpp"
 #include "pg/worker/worker.hpp"
 
@@ -160,26 +161,35 @@ static OutboxFigures outbox_figures(const MessagingOids& oids) {
   return figures;
 }
 
+// idem_stats' columns in 1.5: 1.0's twelve, 1.1's three of the outbox, 1.5's answer
+// counters and the edition. The library serves each version's result type.
+constexpr int kColumns = 20;
+
 // On the coordinator of a distributed store: every node's figures added up, from
 // idem_node_stats (which asks each node for idem_stats(node_only => true)). Reaper
 // figures are summed too, its latest pass taken; worker_pid is per node only.
 static Datum cluster_stats(FunctionCallInfo fcinfo, ReturnSetInfo* rsinfo) {
-  // idem_node_stats is in idem_stats' schema.
+  // idem_node_stats is in idem_stats' schema; 1.5's adds the answer counters.
   const char* schema =
       quote_identifier(get_namespace_name(get_func_namespace(fcinfo->flinfo->fn_oid)));
+  bool answers = rsinfo->setDesc->natts == kColumns;
   const char* query = psprintf(
       "SELECT sum(keys_total)::bigint, sum(pending)::bigint, sum(completed)::bigint, "
       "sum(failed)::bigint, sum(abandoned)::bigint, sum(expired_awaiting_reap)::bigint, "
       "sum(reaped_total)::bigint, sum(reclaimed_total)::bigint, max(last_reap_at), "
       "max(last_reap_ms), NULL::integer, sum(stale_leases)::bigint, "
       "sum(outbox_undelivered)::bigint, sum(outbox_dead)::bigint, "
-      "min(outbox_oldest_undelivered_at) FROM %s.idem_node_stats()",
+      "min(outbox_oldest_undelivered_at)%s FROM %s.idem_node_stats()",
+      answers ? ", sum(claims_total)::bigint, sum(replays_total)::bigint, "
+                "sum(fingerprint_mismatches_total)::bigint, sum(in_progress_total)::bigint, "
+                "'native'::text"
+              : "",
       schema);
   SPI_connect();
   if (SPI_execute(query, true, 1) != SPI_OK_SELECT || SPI_processed != 1)
     elog(ERROR, "idem_stats could not read idem_node_stats()");
-  Datum values[15];
-  bool nulls[15];
+  Datum values[kColumns];
+  bool nulls[kColumns];
   heap_deform_tuple(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, values, nulls);
   tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
   SPI_finish();
@@ -227,7 +237,7 @@ static Datum stats(FunctionCallInfo fcinfo) {
 
   ReaperStats reaper;
   bool preloaded = reaper_stats(&reaper);
-  Datum values[15] = {
+  Datum values[kColumns] = {
       Int64GetDatum(static_cast<int64>(counts.total)),
       Int64GetDatum(static_cast<int64>(counts.pending)),
       Int64GetDatum(static_cast<int64>(counts.completed)),
@@ -241,15 +251,25 @@ static Datum stats(FunctionCallInfo fcinfo) {
       Int32GetDatum(preloaded ? serving_launcher(reaper) : 0),
       Int64GetDatum(stale_leases),
   };
-  bool nulls[15] = {};
+  bool nulls[kColumns] = {};
   // 1.0's idem_stats has 12 columns; 1.1 adds the outbox's three.
   MessagingOids oids;
-  if (rsinfo->setDesc->natts == 15 && messaging_oids(&oids)) {
+  if (rsinfo->setDesc->natts >= 15 && messaging_oids(&oids)) {
     OutboxFigures outbox = outbox_figures(oids);
     values[12] = Int64GetDatum(outbox.undelivered);
     values[13] = Int64GetDatum(outbox.dead);
     nulls[14] = !outbox.oldest_undelivered_at;
     values[14] = TimestampTzGetDatum(outbox.oldest_undelivered_at.value_or(0));
+  }
+  // 1.5 adds what the key functions answered since server start (NULL unpreloaded).
+  if (rsinfo->setDesc->natts == kColumns) {
+    int64 answers[kAnswerKinds];
+    bool counted = answer_totals(answers);
+    for (int i = 0; i < kAnswerKinds; i++) {
+      nulls[15 + i] = !counted;
+      values[15 + i] = Int64GetDatum(counted ? answers[i] : 0);
+    }
+    values[19] = CStringGetTextDatum("native");
   }
   nulls[6] = nulls[7] = !preloaded;
   nulls[8] = nulls[9] = !preloaded || reaper.last_reap_at == 0;
