@@ -18,6 +18,9 @@ def _refuse(constant):
 def _number(d):
     if d == 0:
         return "0"
+    # Beyond jsonb's numeric range (so 1e999999999 cannot exhaust memory): not JSON here.
+    if d.adjusted() >= 131072 or d.as_tuple().exponent < -16383:
+        raise ValueError("number out of jsonb's range")
     s = format(d, "f")  # exact: no rounding, no exponent
     return s.rstrip("0").rstrip(".") if "." in s else s
 
@@ -61,6 +64,6 @@ def request_fingerprint(method, path, body):
     try:
         document = ('{"body":' + canonical_json(body) + "," + head + "}") if body else \
             '{"body":null,' + head + "}"
-    except ValueError:  # UnicodeDecodeError and UnicodeEncodeError included
+    except (ValueError, RecursionError):  # UnicodeDecodeError and UnicodeEncodeError included
         document = "{" + head + ',"raw":"' + hashlib.sha256(body).hexdigest() + '"}'
     return hashlib.sha256(document.encode("utf-8")).digest()
