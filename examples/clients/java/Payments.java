@@ -107,9 +107,17 @@ public final class Payments {
         return new Response(status,
             status == 409 || status == 503 ? Map.of("Retry-After", "1") : Map.of(),
             "{\"sqlstate\": " + jsonString(state) + ", \"title\": "
-                + jsonString(String.valueOf(e.getMessage()).lines().findFirst().orElse("")) + "}");
+                + jsonString(message(e)) + "}");
       }
     }
+  }
+
+  // The server's message (without JDBC's "ERROR: " and its detail lines), else the driver's.
+  static String message(SQLException e) {
+    if (e instanceof org.postgresql.util.PSQLException p && p.getServerErrorMessage() != null) {
+      return p.getServerErrorMessage().getMessage();
+    }
+    return String.valueOf(e.getMessage()).lines().findFirst().orElse("");
   }
 
   // A JSON string: the message may hold quotes, backslashes and control characters.
