@@ -295,6 +295,10 @@ for my $app (@apps) {
 		  && ($reused->{json}{status} // 0) == 422,
 		"$name: the key with another body (IK001): 422, a JSON error")
 	  or diag(explain($reused));
+	my $spelled = post($port, '/payments', qq{ "$name-1";v=2 }, $body);
+	ok($spelled->{status} == 201 && $spelled->{replayed},
+		"$name: the key with spaces around it and a parameter after it is the same key")
+	  or diag(explain($spelled));
 	my $malformed = post($port, '/payments', "$name-2", $body);
 	ok($malformed->{status} == 400 && ($malformed->{json}{detail} // '') =~ /Structured Field String/,
 		"$name: a malformed key (not a String): 400, a JSON error saying why")
