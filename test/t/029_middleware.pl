@@ -1,9 +1,11 @@
 # The Idempotency-Key middleware of middleware/ (docs/middleware.md) in the real
 # frameworks against a real cluster: for Python, FastAPI under uvicorn with
 # idempotency_http and psycopg 3; for Node.js, Express 5 with idempotency-express and
-# node-postgres (installed here by `npm ci` from the lock file). Each serves the payments
-# app of test/middleware/, and for each:
-#   - its request fingerprint equals the server's idem_fingerprint of the same document;
+# node-postgres (installed here by `npm ci` from the lock file); for Go, net/http with
+# idemhttp and lib/pq (Debian's). Each serves the payments app of test/middleware/, and
+# for each:
+#   - its canonical JSON is right for every fingerprint vector, and its request
+#     fingerprint equals the server's idem_fingerprint of the same document;
 #   - 4 concurrent duplicates of each of 20 keys: one payment per key (counted in the
 #     table), one new 201 per key, the others replays of it (a 409 is retried);
 #   - a replay (stored status, Location, body, Idempotent-Replayed: true), a reused key
@@ -95,6 +97,13 @@ my @apps = (
 			'import sys; from idempotency_http import request_fingerprint as f; '
 			  . 'print(f(sys.argv[1], sys.argv[2], sys.argv[3].encode()).hex())'
 		],
+		# Prints the names of the vectors whose canonical text it gets wrong.
+		vectors => [
+			'/usr/bin/python3', '-c',
+			'import json, sys; from idempotency_http import canonical_json as c; '
+			  . '[print(v["name"]) for v in json.load(open(sys.argv[1], encoding="utf-8")) '
+			  . 'if c(v["input"]) != v["canonical"]]'
+		],
 	},
 	{
 		name => 'express',
@@ -123,6 +132,43 @@ my @apps = (
 			"const { requestFingerprint: f } = require('$tmp/repo/middleware/node/fingerprint.js');"
 			  . 'const [m, p, b] = process.argv.slice(1); console.log(f(m, p, Buffer.from(b)).toString("hex"))'
 		],
+		vectors => [
+			'node', '-e',
+			"const { canonicalJson: c } = require('$tmp/repo/middleware/node/fingerprint.js');"
+			  . 'for (const v of JSON.parse(require("fs").readFileSync(process.argv[1], "utf8")))'
+			  . ' if (c(v.input) !== v.canonical) console.log(v.name)'
+		],
+	},
+	{
+		name => 'go',
+		app_name => 'go-payments',
+		base => 30000,
+		prepare => sub {
+			copy_dir("$repo/middleware/go", "$tmp/repo/middleware/go");
+			copy_dir("$repo/test/middleware/gohttp", "$tmp/repo/test/middleware/gohttp");
+		},
+		dir => "$tmp/repo/test/middleware/gohttp",
+		build => [ [ 'go', 'build', '-o', "$tmp/go-payments", '.' ] ],
+		build_env => {
+			# No VCS stamp: the copy may lie in a git work tree of another owner.
+			GOFLAGS => '-mod=mod -buildvcs=false',
+			GOPROXY => 'off',
+			GOPATH => "$tmp/gopath",
+			GOCACHE => "$tmp/gocache" },
+		command => ["$tmp/go-payments"],
+		env => sub {
+			my ($port) = @_;
+			return {
+				PORT => $port,
+				PGHOST => '127.0.0.1',
+				PGPORT => $node->port,
+				PGDATABASE => 'postgres',
+				PGUSER => $user,
+				PGSSLMODE => 'disable',
+				PGAPPNAME => 'go-payments' };
+		},
+		fingerprint => [ "$tmp/go-payments", 'fingerprint' ],
+		vectors => [ "$tmp/go-payments", 'vectors' ],
 	});
 
 # Starts the app on a free port; returns (handle, port, log).
@@ -209,7 +255,7 @@ for my $app (@apps) {
 	$app->{prepare}->() if $app->{prepare};
 	my ($built, $log) = (1, '');
 	for my $step (@{ $app->{build} }) {
-		my ($ok, $out, $err) = run_step($step, dir => $app->{dir});
+		my ($ok, $out, $err) = run_step($step, dir => $app->{dir}, env => $app->{build_env});
 		$log .= "\$ @$step\n$out$err";
 		$built &&= $ok;
 		last unless $ok;
@@ -232,6 +278,12 @@ for my $app (@apps) {
 		is($out =~ s/\s+//gr, $server, "$name: the fingerprint of body '$body' is the server's")
 		  or diag($err);
 	}
+
+	my ($vectors_ok, $wrong_vectors, $vectors_err) =
+	  run_step([ @{ $app->{vectors} }, "$repo/test/fingerprint_vectors.json" ], env => $app->{env}->(0));
+	ok($vectors_ok && $wrong_vectors eq '',
+		"$name: its canonical JSON is right for every vector of test/fingerprint_vectors.json")
+	  or diag("$wrong_vectors$vectors_err");
 
 	my ($server, $port, $server_log) = start_app($app);
 

@@ -126,7 +126,9 @@ class IdempotencyMiddleware:
             return await _reply(send, *_problem(400, "malformed-key", "Idempotency-Key is malformed", str(error)))
 
         body = await _read_body(receive)
-        path = scope["path"] + ("?" + scope["query_string"].decode("latin-1") if scope.get("query_string") else "")
+        # The path as sent (raw_path keeps its %-escapes), with the query string.
+        path = (scope.get("raw_path") or scope["path"].encode()).decode("latin-1") + \
+            ("?" + scope["query_string"].decode("latin-1") if scope.get("query_string") else "")
         fingerprint = request_fingerprint(scope["method"], path, bytes(body))
         replay_receive = _replaying(body, receive)
         async with self.pool.connection() as conn:
