@@ -28,7 +28,9 @@ export LANG=C.UTF-8 LC_ALL=C.UTF-8
 # build-essential and postgresql-server-dev-all (pg_buildext) for the Debian package
 # (debian/);
 # the JDK with JDBC, Go with lib/pq, and npm (node-postgres) for the clients of
-# examples/clients and test/t/021_clients.pl.
+# examples/clients and test/t/021_clients.pl; FastAPI, Starlette and uvicorn for the
+# Python middleware (middleware/python, test/t/029_middleware.pl; its Express app comes
+# from npm).
 REQUIRED_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libssl-dev
                    g++ make cmake libgtest-dev libipc-run-perl perl clang libclang-rt-14-dev
                    python3 python3-psycopg python3-psycopg-pool pgbouncer sqlsmith git
@@ -36,7 +38,7 @@ REQUIRED_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 l
                    prometheus-postgres-exporter prometheus debhelper dpkg-dev build-essential
                    postgresql-server-dev-all
                    openjdk-17-jdk-headless libpostgresql-jdbc-java golang-go
-                   golang-github-lib-pq-dev)
+                   golang-github-lib-pq-dev python3-fastapi python3-starlette python3-uvicorn)
 # Debian's nodejs comes without npm; NodeSource's bundles it and conflicts with
 # Debian's npm package. So Debian's npm only where there is no npm.
 command -v npm >/dev/null 2>&1 || REQUIRED_PACKAGES+=(npm)

@@ -10,7 +10,9 @@
 // 500 for anything else (IK002 included).
 //
 // It needs the table and scope of examples/create_payment.sql. Connection settings come
-// from the PG* environment variables (PGHOST, PGPORT, PGDATABASE, PGUSER).
+// from the PG* environment variables (PGHOST, PGPORT, PGDATABASE, PGUSER, PGSSLMODE).
+// Without PGSSLMODE it behaves as libpq's default, sslmode=prefer, which lib/pq lacks:
+// TLS if the server offers it, else a plain connection (see openDB).
 //
 //	payments pay KEY ACCOUNT AMOUNT
 //	payments race PREFIX WORKERS KEYS ACCOUNT_BASE   (WORKERS goroutines pay the same KEYS)
@@ -139,8 +141,27 @@ func report(key string, r Response) {
 	fmt.Println(key, r.Status, replayed, retryAfter, string(body))
 }
 
+// openDB connects as the PG* environment variables say. lib/pq's default sslmode is
+// require, so a server without TLS (a local one, often) would refuse every connection
+// with "SSL is not enabled on the server"; unless PGSSLMODE says otherwise, try TLS
+// first and fall back to a plain connection, as libpq's default (prefer) does.
+func openDB() (*sql.DB, error) {
+	if os.Getenv("PGSSLMODE") != "" {
+		return sql.Open("postgres", "")
+	}
+	db, err := sql.Open("postgres", "sslmode=require")
+	if err != nil {
+		return nil, err
+	}
+	if err := db.Ping(); errors.Is(err, pq.ErrSSLNotSupported) {
+		db.Close()
+		return sql.Open("postgres", "sslmode=disable")
+	}
+	return db, nil
+}
+
 func main() {
-	db, err := sql.Open("postgres", "") // the PG* environment variables
+	db, err := openDB()
 	if err != nil {
 		panic(err)
 	}

@@ -106,9 +106,29 @@ public final class Payments {
         int status = STATUS.getOrDefault(state, 500);
         return new Response(status,
             status == 409 || status == 503 ? Map.of("Retry-After", "1") : Map.of(),
-            "{\"sqlstate\": \"" + state + "\"}");
+            "{\"sqlstate\": " + jsonString(state) + ", \"title\": "
+                + jsonString(message(e)) + "}");
       }
     }
+  }
+
+  // The server's message (without JDBC's "ERROR: " and its detail lines), else the driver's.
+  static String message(SQLException e) {
+    if (e instanceof org.postgresql.util.PSQLException p && p.getServerErrorMessage() != null) {
+      return p.getServerErrorMessage().getMessage();
+    }
+    return String.valueOf(e.getMessage()).lines().findFirst().orElse("");
+  }
+
+  // A JSON string: the message may hold quotes, backslashes and control characters.
+  static String jsonString(String s) {
+    StringBuilder out = new StringBuilder("\"");
+    for (char ch : s.toCharArray()) {
+      if (ch == '"' || ch == '\\') out.append('\\').append(ch);
+      else if (ch < 0x20) out.append(String.format("\\u%04x", (int) ch));
+      else out.append(ch);
+    }
+    return out.append('"').toString();
   }
 
   static Connection connect() throws SQLException {

@@ -1,0 +1,3 @@
+module idemhttp
+
+go 1.19
