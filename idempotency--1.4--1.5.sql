@@ -57,8 +57,8 @@ BEGIN
   WHERE d.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
     AND d.classid = 'pg_proc'::regclass AND d.objid = target AND d.objsubid = 0
     AND d.deptype = 'i'
-    AND NOT EXISTS (SELECT FROM aclexplode(coalesce(initial, '{}')) a
-                    WHERE d.refobjid IN (a.grantee, a.grantor));
+    AND (initial IS NULL OR NOT EXISTS (SELECT FROM aclexplode(initial) a
+                                        WHERE d.refobjid IN (a.grantee, a.grantor)));
 END $$;
 REVOKE ALL ON FUNCTION idempotency.grant_like_idem_once(regprocedure) FROM PUBLIC;
 
