@@ -501,6 +501,21 @@ is($node->safe_psql('from13_restricted', $keys_by_role),
 	'upgrade_app claimed, upgrade_app many-1, upgrade_app many-2, upgrade_app once',
 	'from 1.3: only the application\'s role stored keys');
 
+# From 1.2, by the direct path idempotency--1.2--1.4.sql (which makes idem_once_many as
+# 1.3 -> 1.4 does), then 1.4 -> 1.5.
+$node->safe_psql('postgres', 'CREATE DATABASE from12_restricted');
+$node->safe_psql('from12_restricted', q{
+  CREATE EXTENSION idempotency VERSION '1.2';
+  REVOKE EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval) FROM PUBLIC;
+  GRANT EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval) TO upgrade_app;
+  REVOKE EXECUTE ON FUNCTION idem_once(text, idem_key, interval, interval) FROM PUBLIC;
+  GRANT EXECUTE ON FUNCTION idem_once(text, idem_key, interval, interval) TO upgrade_app;
+  ALTER EXTENSION idempotency UPDATE;});
+is(add_keys_as('from12_restricted', 'upgrade_stranger', @key_functions), $refused,
+	'from 1.2 with restricted grants: refused by every function that adds keys after the update');
+is(add_keys_as('from12_restricted', 'upgrade_app', @key_functions), $allowed,
+	'from 1.2: the application\'s role calls them all');
+
 # From 1.4, where idem_once_many was PUBLIC's: the hole, then the update closes it.
 $node->safe_psql('postgres', 'CREATE DATABASE from14_restricted');
 $node->safe_psql('from14_restricted', qq{CREATE EXTENSION idempotency VERSION '1.4'; $restrict});
