@@ -1,4 +1,4 @@
-# Upgrades from 1.0, 1.1, 1.2 and 1.3 to 1.4: keys stored under 1.0, keys and
+# Upgrades from 1.0, 1.1, 1.2, 1.3 and 1.4 to 1.5: keys stored under 1.0, keys and
 # undelivered events stored under 1.1, and keys and privileges under 1.2, survive ALTER
 # EXTENSION idempotency UPDATE; each upgraded database has exactly the objects of a
 # fresh install of the new version; the stored keys replay, fence and take over as
@@ -9,6 +9,10 @@
 # application's function of the same name (issue 35; 1.2--1.3 looked them up by name).
 # A view or a BEGIN ATOMIC function over the extension's functions blocks the update
 # from 1.2 (the docs' query finds it first), and no longer the update from 1.3.
+# Updates from 1.3 and 1.4 where idem_claim and idem_once were restricted leave every
+# function that adds keys (idem_once_many too) refused to the roles refused before, in
+# the database and in a dump of it restored, and leave alone an idem_once_many granted
+# otherwise on purpose (issue 41).
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -66,14 +70,15 @@ my $keys_before = $node->safe_psql('upgraded', q{
 $node->safe_psql('upgraded', 'ALTER EXTENSION idempotency UPDATE');
 $node->safe_psql('fresh', 'CREATE EXTENSION idempotency');
 is($node->safe_psql('upgraded', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.4', 'ALTER EXTENSION UPDATE reaches 1.4');
+	'1.5', 'ALTER EXTENSION UPDATE reaches 1.5');
 # PostgreSQL takes the shortest path: from 1.2 (and so CREATE EXTENSION, from 1.0) the
-# direct script, from 1.3 its own.
+# direct script to 1.4, from 1.3 its own; then 1.4 -> 1.5.
 is($node->safe_psql('fresh', q{
   SELECT string_agg(source || ': ' || path, ', ' ORDER BY source)
-  FROM pg_extension_update_paths('idempotency') WHERE target = '1.4'}),
-	'1.0: 1.0--1.1--1.2--1.4, 1.1: 1.1--1.2--1.4, 1.2: 1.2--1.4, 1.3: 1.3--1.4',
-	'every version reaches 1.4, from 1.2 by the direct path');
+  FROM pg_extension_update_paths('idempotency') WHERE target = '1.5'}),
+	'1.0: 1.0--1.1--1.2--1.4--1.5, 1.1: 1.1--1.2--1.4--1.5, 1.2: 1.2--1.4--1.5, '
+	  . '1.3: 1.3--1.4--1.5, 1.4: 1.4--1.5',
+	'every version reaches 1.5, from 1.2 by the direct path to 1.4');
 
 # Every object of the extension, described without OIDs: members, columns, indexes,
 # constraints, privileges and function definitions.
@@ -115,7 +120,7 @@ like($fresh, qr/keys_leased_idx/, 'the catalog description covers the new index'
 like($fresh, qr/relation lock_secret/, 'and the lock secret');
 like($fresh, qr/idem_claim\(text,idem_key,bytea,interval,interval,interval,"any"\)/,
 	'and the key functions with their route');
-is($upgraded, $fresh, 'the upgraded database has exactly the objects of a fresh 1.4 install');
+is($upgraded, $fresh, 'the upgraded database has exactly the objects of a fresh 1.5 install');
 is($node->safe_psql('upgraded', q{SELECT count(*) FROM idempotency.lock_secret}), '1',
 	'the upgrade generated a lock secret');
 isnt($node->safe_psql('upgraded', q{SELECT secret FROM idempotency.lock_secret}),
@@ -189,9 +194,9 @@ my $outbox_before = $node->safe_psql('from11', q{
                     E'\n' ORDER BY seq) FROM idempotency.outbox});
 $node->safe_psql('from11', 'ALTER EXTENSION idempotency UPDATE');
 is($node->safe_psql('from11', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.4', 'from 1.1, ALTER EXTENSION UPDATE reaches 1.4');
+	'1.5', 'from 1.1, ALTER EXTENSION UPDATE reaches 1.5');
 is($node->safe_psql('from11', $catalog), $fresh,
-	'the database updated from 1.1 has exactly the objects of a fresh 1.4 install');
+	'the database updated from 1.1 has exactly the objects of a fresh 1.5 install');
 is($node->safe_psql('from11', q{
   SELECT string_agg(concat_ws(' ', event_id, topic, aggregate, seq, payload, delivered_at IS NULL),
                     E'\n' ORDER BY seq) FROM idempotency.outbox}), $outbox_before,
@@ -331,7 +336,7 @@ $node->safe_psql('from12', q{
   END;
   COMMIT;});
 is($node->safe_psql('from12', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.4', 'from 1.2, ALTER EXTENSION UPDATE reaches 1.4');
+	'1.5', 'from 1.2, ALTER EXTENSION UPDATE reaches 1.5');
 is($node->safe_psql('from12', q{SELECT order_state('o-12') || ' ' || pending FROM key_monitor}),
 	'completed 0', 'the view and the function made again over the new signatures work');
 is($node->safe_psql('from12', $grants), $grants_before,
@@ -361,7 +366,7 @@ $node->safe_psql('from12', qq{
   REVOKE ALL ON FUNCTION $claim FROM "Upgrade Auditor";
   REVOKE ALL ON FUNCTION idem_stats(boolean) FROM upgrade_monitor;});
 is($node->safe_psql('from12', $catalog), $fresh,
-	'with those grants undone, it has exactly the objects of a fresh 1.4 install');
+	'with those grants undone, it has exactly the objects of a fresh 1.5 install');
 
 # The same 1.2 database updated by the released scripts, 1.2 -> 1.3 then 1.3 -> 1.4:
 # 1.3 gave the wrapper idem_claim's grants and left the extension's own to PUBLIC, and
@@ -414,13 +419,13 @@ is($node->safe_psql('from13', q{SELECT order_state('o-1')}), 'completed',
 	'1.3: the BEGIN ATOMIC function claims and looks up');
 $node->safe_psql('from13', 'ALTER EXTENSION idempotency UPDATE');
 is($node->safe_psql('from13', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
-	'1.4', 'from 1.3, with a view and a BEGIN ATOMIC function over its functions, UPDATE reaches 1.4');
+	'1.5', 'from 1.3, with a view and a BEGIN ATOMIC function over its functions, UPDATE reaches 1.5');
 is($node->safe_psql('from13', q{SELECT keys_total || ' ' || pending || ' ' || completed FROM key_monitor}),
 	'2 0 2', 'the view over idem_stats() still works');
 is($node->safe_psql('from13', q{SELECT order_state('o-2')}), 'completed',
 	'and the BEGIN ATOMIC function over idem_claim and idem_lookup');
 is($node->safe_psql('from13', $catalog), $fresh,
-	'the database updated from 1.3 has exactly the objects of a fresh 1.4 install');
+	'the database updated from 1.3 has exactly the objects of a fresh 1.5 install');
 
 # From 1.3, idem_emit and idem_apply_version are made again with a route (messaging on
 # a Citus cluster): their grants follow them.
@@ -438,6 +443,142 @@ is($node->safe_psql('from13_grants', q{
   FROM pg_proc p WHERE p.proname IN ('idem_emit', 'idem_apply_version')}),
 	'idem_apply_version(text,text,bigint,interval,"any") owner idem_emit(text,jsonb,text,jsonb,idem_key,"any") producer13:true',
 	'1.3 -> 1.4: the grants of idem_emit and idem_apply_version are carried to their new signatures');
+
+
+# Who may add keys (issue 41): 1.3 -> 1.4 made idem_once_many with PUBLIC's grant even
+# where idem_claim and idem_once had been revoked from PUBLIC. From 1.3 (through 1.4)
+# and from a database already at 1.4, the update to 1.5 gives idem_once_many exactly
+# idem_once's grants: a role refused before is refused by every function that adds
+# keys, the application's role keeps them all. An idem_once_many granted otherwise on
+# purpose is left as it is.
+$node->safe_psql('postgres', q{
+  CREATE ROLE upgrade_app LOGIN;
+  CREATE ROLE upgrade_stranger LOGIN;
+  CREATE ROLE upgrade_batch LOGIN;});
+my $once = 'idem_once(text,idem_key,interval,interval,"any")';
+my $once_many = 'idem_once_many(text,idem_key[],interval,interval,"any")';
+my $restrict = qq{
+  REVOKE EXECUTE ON FUNCTION $claim FROM PUBLIC;
+  GRANT EXECUTE ON FUNCTION $claim TO upgrade_app;
+  REVOKE EXECUTE ON FUNCTION $once FROM PUBLIC;
+  GRANT EXECUTE ON FUNCTION $once TO upgrade_app;};
+# Each function that adds keys called as `role`: "ok", or the SQLSTATE and function of
+# the error.
+sub add_keys_as {
+	my ($db, $role, @functions) = @_;
+	my %calls = (
+		idem_claim => q{BEGIN; SELECT idem_claim('grants', 'claimed');
+                        SELECT idem_complete('grants', 'claimed'); COMMIT;},
+		idem_once => q{SELECT idem_once('grants', 'once')},
+		idem_once_many => q{SELECT idem_once_many('grants', '{many-1,many-2}')});
+	return join ' ', map {
+		my ($status, $out, $err) = $node->psql($db, $calls{$_},
+			extra_params => [ '-U', $role, '-v', 'VERBOSITY=verbose', '-v', 'ON_ERROR_STOP=1' ]);
+		"$_:" . ($status == 0 ? 'ok'
+			: $err =~ /(42501): permission denied for function (\w+)/ ? "$1 $2" : "error $err");
+	} @functions;
+}
+my @key_functions = qw(idem_claim idem_once idem_once_many);
+my $refused = 'idem_claim:42501 idem_claim idem_once:42501 idem_once idem_once_many:42501 idem_once_many';
+my $allowed = 'idem_claim:ok idem_once:ok idem_once_many:ok';
+my $keys_by_role = q{SELECT coalesce(string_agg(role::text || ' ' || key, ', ' ORDER BY role::text, key), 'none')
+                     FROM idempotency.keys WHERE scope = 'grants'};
+
+# From 1.3: the update runs 1.3 -> 1.4 -> 1.5.
+$node->safe_psql('postgres', 'CREATE DATABASE from13_restricted');
+$node->safe_psql('from13_restricted', qq{CREATE EXTENSION idempotency VERSION '1.3'; $restrict});
+is(add_keys_as('from13_restricted', 'upgrade_stranger', qw(idem_claim idem_once)),
+	'idem_claim:42501 idem_claim idem_once:42501 idem_once',
+	'1.3 with idem_claim and idem_once revoked from PUBLIC: a role without a grant may add no key');
+$node->safe_psql('from13_restricted', 'ALTER EXTENSION idempotency UPDATE');
+is($node->safe_psql('from13_restricted', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
+	'1.5', 'from 1.3 with restricted grants, UPDATE reaches 1.5');
+is(add_keys_as('from13_restricted', 'upgrade_stranger', @key_functions), $refused,
+	'from 1.3: the role refused before is refused by every function that adds keys (42501)');
+is(add_keys_as('from13_restricted', 'upgrade_app', @key_functions), $allowed,
+	'from 1.3: the application\'s role calls them all');
+is($node->safe_psql('from13_restricted', $keys_by_role),
+	'upgrade_app claimed, upgrade_app many-1, upgrade_app many-2, upgrade_app once',
+	'from 1.3: only the application\'s role stored keys');
+
+# From 1.2, by the direct path idempotency--1.2--1.4.sql (which makes idem_once_many as
+# 1.3 -> 1.4 does), then 1.4 -> 1.5.
+$node->safe_psql('postgres', 'CREATE DATABASE from12_restricted');
+$node->safe_psql('from12_restricted', q{
+  CREATE EXTENSION idempotency VERSION '1.2';
+  REVOKE EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval) FROM PUBLIC;
+  GRANT EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval) TO upgrade_app;
+  REVOKE EXECUTE ON FUNCTION idem_once(text, idem_key, interval, interval) FROM PUBLIC;
+  GRANT EXECUTE ON FUNCTION idem_once(text, idem_key, interval, interval) TO upgrade_app;
+  ALTER EXTENSION idempotency UPDATE;});
+is(add_keys_as('from12_restricted', 'upgrade_stranger', @key_functions), $refused,
+	'from 1.2 with restricted grants: refused by every function that adds keys after the update');
+is(add_keys_as('from12_restricted', 'upgrade_app', @key_functions), $allowed,
+	'from 1.2: the application\'s role calls them all');
+
+# From 1.4, where idem_once_many was PUBLIC's: the hole, then the update closes it.
+$node->safe_psql('postgres', 'CREATE DATABASE from14_restricted');
+$node->safe_psql('from14_restricted', qq{CREATE EXTENSION idempotency VERSION '1.4'; $restrict});
+is(add_keys_as('from14_restricted', 'upgrade_stranger', @key_functions),
+	'idem_claim:42501 idem_claim idem_once:42501 idem_once idem_once_many:ok',
+	'1.4 with idem_claim and idem_once restricted: idem_once_many still adds keys for anyone');
+$node->safe_psql('from14_restricted', q{DELETE FROM idempotency.keys WHERE scope = 'grants'});
+$node->safe_psql('from14_restricted', 'ALTER EXTENSION idempotency UPDATE');
+is($node->safe_psql('from14_restricted', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
+	'1.5', 'from 1.4 with restricted grants, UPDATE reaches 1.5');
+is(add_keys_as('from14_restricted', 'upgrade_stranger', @key_functions), $refused,
+	'from 1.4: the update refuses that role idem_once_many too (42501)');
+is(add_keys_as('from14_restricted', 'upgrade_app', @key_functions), $allowed,
+	'from 1.4: the application\'s role calls them all');
+is($node->safe_psql('from14_restricted', $keys_by_role),
+	'upgrade_app claimed, upgrade_app many-1, upgrade_app many-2, upgrade_app once',
+	'from 1.4: only the application\'s role stored keys');
+is($node->safe_psql('from14_restricted', qq{
+  SELECT count(DISTINCT (SELECT array_agg(a::text ORDER BY a::text)
+                         FROM unnest(coalesce(proacl, acldefault('f', proowner))) a))
+  FROM pg_proc WHERE oid IN ('$once'::regprocedure, '$once_many'::regprocedure)}),
+	'1', 'idem_once_many has exactly idem_once\'s grants');
+
+# They are the database's grants, not the extension's initial ones: a dump restored
+# into a fresh install (where idem_once_many is PUBLIC's) keeps them.
+is($node->safe_psql('from14_restricted', q{
+  SELECT count(*) FROM pg_init_privs WHERE classoid = 'pg_proc'::regclass
+    AND objoid = 'idem_once_many(text,idem_key[],interval,interval,"any")'::regprocedure}),
+	'0', 'the update records no initial privileges for idem_once_many, as a fresh install');
+my $dump_file = $node->basedir . '/from14_restricted.sql';
+$node->command_ok([ 'pg_dump', '-f', $dump_file, '-d', $node->connstr('from14_restricted') ],
+	'pg_dump of the updated database');
+$node->safe_psql('postgres', 'CREATE DATABASE restored14');
+$node->command_ok([ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-f', $dump_file,
+	'-d', $node->connstr('restored14') ], 'restored into a fresh install of 1.5');
+is(add_keys_as('restored14', 'upgrade_stranger', @key_functions), $refused,
+	'after the restore, the role is still refused by every function that adds keys');
+
+# Undone, the grants leave exactly the objects of a fresh install.
+$node->safe_psql('from14_restricted', qq{
+  GRANT EXECUTE ON FUNCTION $claim, $once, $once_many TO PUBLIC;
+  REVOKE ALL ON FUNCTION $claim, $once, $once_many FROM upgrade_app;});
+is($node->safe_psql('from14_restricted', $catalog), $fresh,
+	'with those grants undone, the database updated from 1.4 has exactly the objects of a fresh 1.5 install');
+$node->safe_psql('from13_restricted', qq{
+  GRANT EXECUTE ON FUNCTION $claim, $once, $once_many TO PUBLIC;
+  REVOKE ALL ON FUNCTION $claim, $once, $once_many FROM upgrade_app;});
+is($node->safe_psql('from13_restricted', $catalog), $fresh,
+	'and so has the database updated from 1.3');
+
+# idem_once_many granted on purpose otherwise than idem_once: left as it is.
+$node->safe_psql('postgres', 'CREATE DATABASE from14_deliberate');
+$node->safe_psql('from14_deliberate', qq{CREATE EXTENSION idempotency VERSION '1.4'; $restrict
+  REVOKE EXECUTE ON FUNCTION $once_many FROM PUBLIC;
+  GRANT EXECUTE ON FUNCTION $once_many TO upgrade_batch WITH GRANT OPTION;});
+my $deliberate = qq{SELECT proacl FROM pg_proc WHERE oid = '$once_many'::regprocedure};
+my $deliberate_before = $node->safe_psql('from14_deliberate', $deliberate);
+like($deliberate_before, qr/upgrade_batch=X\*\//, '1.4: idem_once_many granted to a batch role on purpose');
+$node->safe_psql('from14_deliberate', 'ALTER EXTENSION idempotency UPDATE');
+is($node->safe_psql('from14_deliberate', $deliberate), $deliberate_before,
+	'the update leaves a deliberately granted idem_once_many exactly as it was');
+is(add_keys_as('from14_deliberate', 'upgrade_batch', 'idem_once_many'), 'idem_once_many:ok',
+	'and the batch role still calls it');
 
 $node->stop;
 done_testing();

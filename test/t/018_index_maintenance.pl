@@ -100,14 +100,13 @@ COMMIT;
 
 # The load: IdemLoad's claims, messages and look-ups (waits long enough that the
 # maintenance's brief exclusive locks never end a wait), and emits for 40 aggregates,
-# one in ten rolled back. The emits wait under idempotency.wait_timeout, set as long
-# for the same reason: an emitter holding an aggregate can itself wait behind a
-# concurrent index build's lock, and on a loaded 2-core machine for over the default
-# 5 s (a wait that formed a cycle would still end in IK005, and fail the test).
+# one in ten rolled back, under the users' idempotency.wait_timeout (5 s). (The emits
+# once needed 30 s here: their aggregate's brief lock passed from waiter to waiter
+# without anyone taking it, on a loaded machine for over 5 s, whatever the DDL did;
+# issue 41, test/t/031_hot_aggregate.pl.)
 my $scripts = IdemLoad::mixed_scripts($keys);
 $_ =~ s/wait => '2s'/wait => '30s'/g for values %$scripts;
 $scripts->{'idem_emit@3'} = q{
-SET idempotency.wait_timeout = '30s';
 \set a random(1, 40)
 \set fail random(1, 10)
 BEGIN;
@@ -150,10 +149,13 @@ for my $run (@maintenance) {
 
 # Every error in the server log is a deadlock (40P01) between the rolled-back DDL,
 # which takes an AccessExclusiveLock on the store, and the load, as the SPEC says, and
-# pgbench retried it. Routine maintenance itself causes none: not the 40001 of a
+# pgbench retried it, or an autovacuum worker that the DDL's lock cancelled (57014,
+# as PostgreSQL does). Routine maintenance itself causes none: not the 40001 of a
 # relation dropped while in use (a stale OID of an index REINDEX CONCURRENTLY swapped).
-my @errors = grep { /ERROR|FATAL|PANIC|TRAP|terminated by signal/ && !/ 40P01 +ERROR/ }
-  split /\n/, slurp_file($node->logfile, $log_offset);
+my @errors = grep {
+	/ERROR|FATAL|PANIC|TRAP|terminated by signal/
+	  && !/ 40P01 +ERROR/ && !/ 57014 +ERROR: +canceling autovacuum task/
+} split /\n/, slurp_file($node->logfile, $log_offset);
 is(scalar @errors, 0, 'no other error in the server log') or diag(join "\n", @errors[0 .. ($#errors < 30 ? $#errors : 30)]);
 
 IdemLoad::check_invariants($node, $keys, 'maintenance');

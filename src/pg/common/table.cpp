@@ -212,11 +212,11 @@ Lock table_lock_waiting(Table* table, ItemPointer tid, TimestampTz deadline) {
 
 // Read from the version's xmax, as heap_lock_tuple reads it before it waits: the
 // updater or locker, or a member of a multixact of several, still running.
-TransactionId table_holder(Table* table, ItemPointer tid) {
+TransactionId version_holder(Relation heap, ItemPointer tid) {
   HeapTupleData tuple;
   tuple.t_self = *tid;
   Buffer buffer;
-  if (!heap_fetch(table->heap, SnapshotAny, &tuple, &buffer, false)) return InvalidTransactionId;
+  if (!heap_fetch(heap, SnapshotAny, &tuple, &buffer, false)) return InvalidTransactionId;
   LockBuffer(buffer, BUFFER_LOCK_SHARE);
   uint16 infomask = tuple.t_data->t_infomask;
   TransactionId xmax = HeapTupleHeaderGetRawXmax(tuple.t_data);
@@ -235,6 +235,31 @@ TransactionId table_holder(Table* table, ItemPointer tid) {
     if (other_running(members[i].xid)) holder = members[i].xid;
   if (members != nullptr) pfree(members);
   return holder;
+}
+
+TM_Result write_version(Relation heap, ItemPointer tid, FunctionRef<TM_Result(bool wait)> write,
+                        TransactionId* holder) {
+  *holder = InvalidTransactionId;
+  TM_Result result = write(false);
+  if (result != TM_BeingModified) return result;
+  *holder = version_holder(heap, tid);
+  if (TransactionIdIsValid(*holder)) return result;
+  // No one else holds it: lock it for this transaction (at once, as it holds the lock
+  // already), so that no one can take it before the write made again. In a slot of its
+  // own: the caller's may hold the values to write, or an index scan's row.
+  ItemPointerData target = *tid;
+  TM_FailureData failure;
+  TupleTableSlot* slot = table_slot_create(heap, nullptr);
+  TM_Result locked =
+      table_tuple_lock(heap, &target, GetLatestSnapshot(), slot, GetCurrentCommandId(false),
+                       LockTupleExclusive, LockWaitSkip, 0, &failure);
+  ExecDropSingleTupleTableSlot(slot);
+  if (locked == TM_Ok) return write(true);
+  if (locked == TM_WouldBlock || locked == TM_BeingModified) {
+    *holder = version_holder(heap, tid);  // taken meanwhile
+    return TM_BeingModified;
+  }
+  return locked;  // updated or deleted meanwhile
 }
 
 static TupleTableSlot* row_in_slot(Table* table, const Datum* values, const bool* nulls) {
@@ -302,13 +327,19 @@ void table_update(Table* table, ItemPointer tid, const Datum* values, const bool
 }
 
 Write table_try_update(Table* table, ItemPointer tid, const Datum* values, const bool* nulls) {
-  return written(update_version(table, tid, values, nulls, false));
+  auto update = [&](bool wait) { return update_version(table, tid, values, nulls, wait); };
+  TransactionId holder;
+  return written(write_version(table->heap, tid, update, &holder));
 }
 
 Write table_try_delete(Table* table, ItemPointer tid) {
-  TM_FailureData failure;
-  TM_Result result = table_tuple_delete(table->heap, tid, GetCurrentCommandId(true),
-                                        InvalidSnapshot, InvalidSnapshot, false, &failure, false);
+  auto remove = [&](bool wait) {
+    TM_FailureData failure;
+    return table_tuple_delete(table->heap, tid, GetCurrentCommandId(true), InvalidSnapshot,
+                              InvalidSnapshot, wait, &failure, false);
+  };
+  TransactionId holder;
+  TM_Result result = write_version(table->heap, tid, remove, &holder);
   if (result == TM_Ok) table->wrote = true;
   return written(result);
 }

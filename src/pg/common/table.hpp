@@ -8,6 +8,7 @@
 
 #include <type_traits>
 
+#include "pg/common/function_ref.hpp"
 #include "pg/common/postgres.hpp"
 
 extern "C" {
@@ -100,8 +101,22 @@ Lock table_lock(Table* table, ItemPointer tid);
 // (waits.hpp: the deadlock detector sees it) until `deadline`, then kBusy.
 Lock table_lock_waiting(Table* table, ItemPointer tid, TimestampTz deadline);
 // The other transaction in progress that writes or locks the version at `tid`, to
-// wait for (waits.hpp's wait_for_writer); invalid if none does any more.
-TransactionId table_holder(Table* table, ItemPointer tid);
+// wait for (waits.hpp's wait_for_writer); invalid if none does any more: its holder
+// just ended, or only this transaction holds it (a lock of its own, SELECT ... FOR
+// UPDATE by hand: waiting for itself would never end). For the key store too.
+TransactionId version_holder(Relation heap, ItemPointer tid);
+inline TransactionId table_holder(Table* table, ItemPointer tid) {
+  return version_holder(table->heap, tid);
+}
+
+// An update or delete of the version at `tid`, `write(wait)`, made without waiting.
+// If that finds the version busy with no other holder (version_holder), the version is
+// locked for update without waiting and written again waiting, which then goes over
+// this transaction's own lock and cannot wait: a row the transaction locked itself is
+// written at once, as an UPDATE would. TM_BeingModified: another transaction holds it,
+// *holder (invalid if it ended meanwhile: look again). No slot of the caller's is used.
+TM_Result write_version(Relation heap, ItemPointer tid, FunctionRef<TM_Result(bool wait)> write,
+                        TransactionId* holder);
 
 // Writes with index entries. A unique violation (a row made by hand outside the
 // functions) raises 23505.
@@ -109,7 +124,7 @@ void table_insert(Table* table, const Datum* values, const bool* nulls);
 // Updates a row this transaction locked (or may write: no one else can).
 void table_update(Table* table, ItemPointer tid, const Datum* values, const bool* nulls);
 // Updates the version at `tid` unless another transaction is writing or locking it
-// (kBusy; so is one this transaction locked) or it is no longer the newest (kChanged:
+// (kBusy; not one only this transaction locked) or it is no longer the newest (kChanged:
 // updated or deleted since it was read). kDone means the version decided on was the
 // newest: no lock needed first, one write instead of two.
 enum class Write { kDone, kBusy, kChanged };

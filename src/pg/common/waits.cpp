@@ -38,8 +38,8 @@ namespace {
 // What to wait for in the queue: a transaction's end, or a lock.
 struct QueuedWait {
   TransactionId writer;  // valid: wait for it to end
-  const LOCKTAG* tag;    // else this lock:
-  bool keep;             // taken for the top-level transaction, or let go at once
+  const LOCKTAG* tag;    // else this lock,
+  ResourceOwner keeper;  // taken for this owner (the caller's, not the wait's subtransaction's)
 };
 
 void wait_now(const QueuedWait& wait) {
@@ -47,13 +47,13 @@ void wait_now(const QueuedWait& wait) {
     XactLockTableWait(wait.writer, nullptr, nullptr, XLTW_None);
     return;
   }
-  if (!wait.keep) {  // the subtransaction's owner takes it and lets it go
-    (void)LockAcquire(wait.tag, ExclusiveLock, false, false);
-    LockRelease(wait.tag, ExclusiveLock, false);
-    return;
-  }
-  CurrentResourceOwner = TopTransactionResourceOwner;  // the caller's owner is restored after
+  CurrentResourceOwner = wait.keeper;  // the caller's owner is restored after
   (void)LockAcquire(wait.tag, ExclusiveLock, false, false);
+}
+
+ResourceOwner keeper_owner(LockKeeper keeper) {
+  return keeper == LockKeeper::kTransaction ? TopTransactionResourceOwner
+                                            : CurTransactionResourceOwner;
 }
 
 // Runs the wait with lock_timeout lowered to the time left, inside a subtransaction:
@@ -105,19 +105,23 @@ bool wait_for_writer(TransactionId writer, TimestampTz deadline) {
     return sleep_before_retry(&sleep_us, deadline);
   }
   if (compat::conditional_xact_lock_wait(writer)) return true;
-  return wait_in_queue(QueuedWait{writer, nullptr, false}, deadline);
+  return wait_in_queue(QueuedWait{writer, nullptr, nullptr}, deadline);
 }
 
-bool lock_waiting(const LOCKTAG& tag, TimestampTz deadline) {
+bool lock_waiting(const LOCKTAG& tag, TimestampTz deadline, LockKeeper keeper) {
+  ResourceOwner owner = keeper_owner(keeper);  // before the wait's subtransaction
   ResourceOwner caller_owner = CurrentResourceOwner;
-  CurrentResourceOwner = TopTransactionResourceOwner;
+  CurrentResourceOwner = owner;
   bool taken = LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL;
   CurrentResourceOwner = caller_owner;
-  return taken || wait_in_queue(QueuedWait{InvalidTransactionId, &tag, true}, deadline);
+  return taken || wait_in_queue(QueuedWait{InvalidTransactionId, &tag, owner}, deadline);
 }
 
-bool wait_until_free(const LOCKTAG& tag, TimestampTz deadline) {
-  return wait_in_queue(QueuedWait{InvalidTransactionId, &tag, false}, deadline);
+void unlock(const LOCKTAG& tag, LockKeeper keeper) {
+  ResourceOwner caller_owner = CurrentResourceOwner;
+  CurrentResourceOwner = keeper_owner(keeper);
+  LockRelease(&tag, ExclusiveLock, false);
+  CurrentResourceOwner = caller_owner;
 }
 
 }  // namespace idempotency

@@ -19,13 +19,21 @@ namespace idempotency {
 // invalid `writer` (a row lock without an updater) is polled once: true.
 bool wait_for_writer(TransactionId writer, TimestampTz deadline);
 
-// Takes `tag` in ExclusiveLock for the top-level transaction, waiting in the queue
-// until the deadline (false if it passes).
-bool lock_waiting(const LOCKTAG& tag, TimestampTz deadline);
+// Who keeps a lock that lock_waiting takes: the top-level transaction (until released
+// or the transaction ends), or the transaction or subtransaction running the caller,
+// whose abort lets it go.
+enum class LockKeeper { kTransaction, kSubtransaction };
 
-// Waits in the queue until `tag` could be taken in ExclusiveLock (true) or the
-// deadline passes (false); takes nothing: the caller tries again without queueing.
-bool wait_until_free(const LOCKTAG& tag, TimestampTz deadline);
+// Takes `tag` in ExclusiveLock for `keeper`, waiting in the queue until the deadline
+// (false if it passes). Waiters are granted the lock in the queue's order and keep it:
+// a waiter that only waited until the lock was free and then tried again without
+// queueing could lose it to the next waiter, each time, so that with two or more
+// waiters the lock passed from waiter to waiter and no one took it (on a busy machine
+// for seconds; issue 41).
+bool lock_waiting(const LOCKTAG& tag, TimestampTz deadline,
+                  LockKeeper keeper = LockKeeper::kTransaction);
+// Lets go of a lock lock_waiting took for `keeper`.
+void unlock(const LOCKTAG& tag, LockKeeper keeper);
 
 // One sleep of a polled wait, backing off; false once `deadline` has passed. For waits
 // no transaction could be part of a cycle through (say a row still busy with no other

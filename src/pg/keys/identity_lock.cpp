@@ -84,12 +84,7 @@ bool lock_identity(const IdentityLock& lock, TimestampTz deadline) {
   return lock_waiting(lock.tag, deadline);
 }
 
-void unlock_identity(const IdentityLock& lock) {
-  ResourceOwner statement_owner = CurrentResourceOwner;
-  CurrentResourceOwner = TopTransactionResourceOwner;
-  LockRelease(&lock.tag, ExclusiveLock, false);
-  CurrentResourceOwner = statement_owner;
-}
+void unlock_identity(const IdentityLock& lock) { unlock(lock.tag, LockKeeper::kTransaction); }
 
 LOCKTAG messaging_lock(MessagingLock kind, std::initializer_list<std::string_view> parts,
                        const LockSecret& secret) {
@@ -108,15 +103,13 @@ LOCKTAG messaging_lock(MessagingLock kind, std::initializer_list<std::string_vie
   return tag;
 }
 
-// Taken by the call's owner, so that an error's abort of its subtransaction lets it
-// go; the queued wait takes nothing, and the lock is tried again once free.
+// Taken for the transaction or subtransaction running the call, so that an error's
+// abort of it lets it go, and in the queue's order (lock_waiting).
 bool lock_briefly(const LOCKTAG& tag, TimestampTz deadline) {
-  while (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
-    if (!wait_until_free(tag, deadline)) return false;
-  return true;
+  return lock_waiting(tag, deadline, LockKeeper::kSubtransaction);
 }
 
-void unlock_briefly(const LOCKTAG& tag) { LockRelease(&tag, ExclusiveLock, false); }
+void unlock_briefly(const LOCKTAG& tag) { unlock(tag, LockKeeper::kSubtransaction); }
 
 InsertCount insert_count(const Identity& id) {
   if (insert_counts == nullptr) return InsertCount{nullptr};

@@ -187,11 +187,11 @@ bool store_insert(KeyStore* store, const KeyRow* row, OnConflict on_conflict) {
   return !conflict;
 }
 
-static WriteResult write_result(TM_Result result, const TM_FailureData& failure,
-                                TransactionId* writer) {
+// (write_version gave the busy version's holder.)
+static WriteResult write_result(TM_Result result) {
   switch (result) {
     case TM_Ok: return WriteResult::kDone;
-    case TM_BeingModified: *writer = failure.xmax; return WriteResult::kBusy;
+    case TM_BeingModified: return WriteResult::kBusy;
     case TM_Updated:
     case TM_Deleted:
       if (IsolationUsesXactSnapshot())
@@ -206,10 +206,13 @@ static WriteResult write_result(TM_Result result, const TM_FailureData& failure,
 WriteResult store_update(KeyStore* store, ItemPointer tid, const KeyRow* row,
                          TransactionId* writer) {
   TupleTableSlot* slot = store_row_in_slot(store, row);
-  TM_FailureData failure;
   compat::IndexUpdate indexes;
-  TM_Result result = compat::tuple_update(store->heap, tid, slot, GetCurrentCommandId(true), false,
-                                          &failure, &indexes);
+  auto update = [&](bool wait) {
+    TM_FailureData failure;
+    return compat::tuple_update(store->heap, tid, slot, GetCurrentCommandId(true), wait, &failure,
+                                &indexes);
+  };
+  TM_Result result = write_version(store->heap, tid, update, writer);
   if (result == TM_Ok) {
     store->wrote = true;
     if (indexes != compat::IndexUpdate::kNone) {
@@ -220,15 +223,18 @@ WriteResult store_update(KeyStore* store, ItemPointer tid, const KeyRow* row,
       ResetPerTupleExprContext(writer.estate);
     }
   }
-  return write_result(result, failure, writer);
+  return write_result(result);
 }
 
 WriteResult store_delete(KeyStore* store, ItemPointer tid, TransactionId* writer) {
-  TM_FailureData failure;
-  TM_Result result = table_tuple_delete(store->heap, tid, GetCurrentCommandId(true),
-                                        InvalidSnapshot, InvalidSnapshot, false, &failure, false);
+  auto remove = [&](bool wait) {
+    TM_FailureData failure;
+    return table_tuple_delete(store->heap, tid, GetCurrentCommandId(true), InvalidSnapshot,
+                              InvalidSnapshot, wait, &failure, false);
+  };
+  TM_Result result = write_version(store->heap, tid, remove, writer);
   if (result == TM_Ok) store->wrote = true;
-  return write_result(result, failure, writer);
+  return write_result(result);
 }
 
 }  // namespace idempotency

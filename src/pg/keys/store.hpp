@@ -66,7 +66,9 @@ bool store_insert(KeyStore* store, const KeyRow* row, OnConflict on_conflict);
 // Outcome of an update or delete of a probed row.
 enum class WriteResult { kDone, kBusy, kChanged };
 
-// kBusy: another transaction is writing the row (its xid in *writer); kChanged: the
+// kBusy: another transaction is writing or locking the row (its xid in *writer, invalid
+// if it ended meanwhile; a row only this transaction locked is written over its own
+// lock, common/table.hpp's write_version); kChanged: the
 // row changed since the probe (probe again; 40001 under REPEATABLE READ).
 WriteResult store_update(KeyStore* store, ItemPointer tid, const KeyRow* row,
                          TransactionId* writer);

@@ -53,7 +53,8 @@ void KeyedLoop::wait_unlocked(TransactionId holder) {
     holder_ = holder;
     return;
   }
-  // No holder: one this transaction locked by hand, or gone since; never spin.
+  // No holder: it ended since (one this transaction locked by hand is written over,
+  // write_version); look again after a short sleep, never spin.
   bool waited = TransactionIdIsValid(holder) ? wait_for_writer(holder, deadline_)
                                              : sleep_before_retry(&sleep_us_, deadline_);
   if (!waited) state_ = kTimedOut;
