@@ -152,6 +152,9 @@ BEGIN
         CASE WHEN (grant_entry ->> 1)::boolean THEN ' WITH GRANT OPTION' ELSE '' END);
     END LOOP;
   END LOOP;
+END $$;
+
+------------------------------------------------------------------------------
 -- Who may add keys (issue 41, item 1; SPEC v1.4, Security: an update never widens who
 -- may call what). 1.3 -> 1.4 (and 1.2 -> 1.4) made idem_once_many with the default
 -- grant, PUBLIC may execute, even where the DBA had revoked idem_once from PUBLIC: a

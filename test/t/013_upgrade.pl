@@ -417,11 +417,27 @@ $node->safe_psql('from13', q{
   COMMIT;});
 is($node->safe_psql('from13', q{SELECT order_state('o-1')}), 'completed',
 	'1.3: the BEGIN ATOMIC function claims and looks up');
-$node->safe_psql('from13', 'ALTER EXTENSION idempotency UPDATE');
+$node->safe_psql('from13', q{ALTER EXTENSION idempotency UPDATE TO '1.4'});
+is($node->safe_psql('from13', q{SELECT keys_total || ' ' || pending || ' ' || completed FROM key_monitor}),
+	'2 0 2', 'from 1.3 to 1.4, the view over idem_stats() still works');
+# 1.4 -> 1.5 makes idem_stats() again (new columns): the view stops the update with
+# 2BP01, naming it, before anything changes; docs/operations.md's "Updating to 1.5"
+# drops it, updates and makes it again in one transaction.
+($status, $out, $err) = $node->psql('from13', 'ALTER EXTENSION idempotency UPDATE',
+	extra_params => [ '-v', 'VERBOSITY=verbose' ]);
+like($err, qr/2BP01.*key_monitor/s, '1.4 -> 1.5 with a view over idem_stats(): 2BP01 naming the view');
+is($node->safe_psql('from13', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
+	'1.4', 'and nothing changed');
+$node->safe_psql('from13', q{
+  BEGIN;
+  DROP VIEW key_monitor;
+  ALTER EXTENSION idempotency UPDATE;
+  CREATE VIEW key_monitor AS SELECT keys_total, pending, completed FROM idem_stats();
+  COMMIT;});
 is($node->safe_psql('from13', q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
 	'1.5', 'from 1.3, with a view and a BEGIN ATOMIC function over its functions, UPDATE reaches 1.5');
 is($node->safe_psql('from13', q{SELECT keys_total || ' ' || pending || ' ' || completed FROM key_monitor}),
-	'2 0 2', 'the view over idem_stats() still works');
+	'2 0 2', 'the view over idem_stats() made again works');
 is($node->safe_psql('from13', q{SELECT order_state('o-2')}), 'completed',
 	'and the BEGIN ATOMIC function over idem_claim and idem_lookup');
 is($node->safe_psql('from13', $catalog), $fresh,
