@@ -9,7 +9,7 @@ CORE_OBJS = src/core/key.o src/core/canonical_json.o src/core/sha256.o src/core/
 # of Citus, the key store, messaging, the background worker, and the module that
 # installs them into PostgreSQL.
 PG_COMMON_OBJS = src/pg/common/errors.o src/pg/common/guc.o src/pg/common/key_type.o src/pg/common/open_relations.o src/pg/common/table.o src/pg/common/waits.o
-PG_CITUS_OBJS = src/pg/citus/citus_meta.o src/pg/citus/citus_forward.o
+PG_CITUS_OBJS = src/pg/citus/citus_meta.o src/pg/citus/citus_forward.o src/pg/citus/twin_privilege.o
 PG_KEYS_OBJS = src/pg/keys/key_row.o src/pg/keys/store_catalog.o src/pg/keys/store.o src/pg/keys/store_scans.o src/pg/keys/identity_lock.o src/pg/keys/outcome_counters.o src/pg/keys/driver.o src/pg/keys/xact.o src/pg/keys/arguments.o src/pg/keys/api_claim.o src/pg/keys/api_finish.o src/pg/keys/api_read.o src/pg/keys/api_fingerprint.o src/pg/keys/error_hints.o
 PG_MESSAGING_OBJS = src/pg/messaging/messaging_catalog.o src/pg/messaging/outbox_row.o src/pg/messaging/keyed_write.o src/pg/messaging/api_emit.o src/pg/messaging/api_apply.o src/pg/messaging/api_outbox.o
 PG_WORKER_OBJS = src/pg/worker/worker_state.o src/pg/worker/launcher.o src/pg/worker/reaper.o src/pg/worker/reaper_pass.o src/pg/worker/api_reap.o src/pg/worker/api_monitor.o src/pg/worker/api_install.o

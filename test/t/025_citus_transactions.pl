@@ -22,8 +22,9 @@
 #       the transaction first and the move first; a worker stopped between claim and
 #       COMMIT: per key a payment exactly when its key is completed, retries replay;
 #   (m) amcheck on every shard of the store;
-#   (u) a store distributed with 1.3 updated to 1.4: keys kept, blocks work, the
-#       routed messaging tables made (emit, relay).
+#   (u) a store distributed with 1.3 updated to the newest version: keys kept, blocks
+#       work, the routed messaging tables made (emit, relay), the twins executable by
+#       PUBLIC.
 #
 # Needs Citus installed in the PostgreSQL under test, like 017_citus.pl (IDEM_CITUS).
 use strict;
@@ -495,7 +496,7 @@ check_key($s, $account_k, '(s) worker killed, then retried');
 IdemCheck::amcheck_routed_keys($coordinator, @workers);
 
 # ---------------------------------------------------------------------------------
-# (u) A store distributed with 1.3, updated to 1.4
+# (u) A store distributed with 1.3, updated to the newest version
 # ---------------------------------------------------------------------------------
 
 # A database of its own on every node, with Citus and the extension at 1.3: the keys
@@ -523,8 +524,13 @@ $coordinator->psql('upgraded', "\\set VERBOSITY verbose\nBEGIN; CALL create_paym
 like($err, qr/IK006: .*_routed, which takes the call there, does not exist.*\n.*\nHINT:  Run ALTER EXTENSION idempotency UPDATE/s,
 	'(u) 1.3 schema under the 1.4 library: a block on the coordinator fails with IK006, hint to update');
 on_upgraded($coordinator, 'ALTER EXTENSION idempotency UPDATE');
+my $newest = on_upgraded($coordinator, q{SELECT default_version FROM pg_available_extensions WHERE name = 'idempotency'});
 is(join(',', map { on_upgraded($_, q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}) } @nodes),
-	'1.4,1.4,1.4', '(u) updated to 1.4 on every node');
+	join(',', ($newest) x 3), "(u) updated to $newest on every node");
+is(join(',', map { on_upgraded($_, q{
+		SELECT count(*) FILTER (WHERE has_function_privilege('public', p.oid, 'EXECUTE'))
+		FROM pg_proc p WHERE p.proname LIKE 'idem\_%\_routed'}) } @nodes),
+	'16,16,16', '(u) on every node the twins are executable by PUBLIC (1.5: each checks its caller)');
 is(on_upgraded($coordinator, q{
 		SELECT count(*) FROM pg_dist_object o JOIN pg_proc p ON p.oid = o.objid
 		WHERE p.proname LIKE 'idem\_%\_routed' AND o.force_delegation}),

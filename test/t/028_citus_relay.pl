@@ -19,6 +19,8 @@
 #       aggregate in seq order;
 #   (s) one relay session claiming and acknowledging (acks go to the shards it was
 #       handed the events from), the shard of an event split in between;
+#   (d) one event id in two shards: an ack or dead letter from the claiming session, or
+#       from a fresh one, settles both;
 #   (v) a relay function inside a call Citus delegated: 0A000;
 #   (k) at the end nothing is pending, each event delivered once; amcheck on every
 #       shard of routed_outbox.
@@ -315,6 +317,46 @@ is($session->query_safe(q{SELECT idem_outbox_ack('relay-s', ARRAY['ss-1', 'ss-3'
 $session->quit;
 is(query(q{SELECT count(*) FROM idempotency.routed_outbox WHERE topic = 'session' AND state = 'd'}), $accounts,
 	'(s) all delivered');
+
+# ---------------------------------------------------------------------------------
+# (d) One event id in two shards (the outbox's key is the id and the route): an ack or
+#     dead letter settles both, from the claiming session as from a fresh one
+# ---------------------------------------------------------------------------------
+
+my $shard_of = sub { query(qq{SELECT get_shard_id_for_distribution_column('idempotency.routed_outbox', $_[0]::bigint)}) };
+my $d1 = 1;
+my ($d2) = grep { $shard_of->($_) ne $shard_of->($d1) } 2 .. $accounts;
+my $claimer = $coordinator->background_psql('postgres', extra_params => [ '-U', 'relay' ]);
+# Emits event $id with the routing values $d1 and $d2; the claiming session takes both.
+my $twice = sub {
+	my ($id) = @_;
+	as_app(qq{SELECT idem_emit('twice', '{}', event_id => '$id', route => $d1);
+	          SELECT idem_emit('twice', '{}', event_id => '$id', route => $d2);});
+	return $claimer->query_safe(q{SELECT count(*) FROM idem_outbox_claim('relay-d', 10, topics => '{twice}')});
+};
+is($twice->('dup-ack'), '2', "(d) event dup-ack of accounts $d1 and $d2 (two shards): the session claims both");
+is($claimer->query_safe(q{SELECT idem_outbox_ack('relay-d', ARRAY['dup-ack']::idem_key[])}), '2',
+	'(d) its ack from the claiming session settles both');
+is($twice->('dup-fresh'), '2', '(d) dup-fresh: both claimed');
+is(as_relay(q{SELECT idem_outbox_ack('relay-d', ARRAY['dup-fresh']::idem_key[])}), '2',
+	'(d) the ack from a fresh session settles both');
+is($twice->('dup-dead'), '2', '(d) dup-dead: both claimed');
+is($claimer->query_safe(q{SELECT idem_outbox_dead('relay-d', ARRAY['dup-dead']::idem_key[], 'bad')}), '2',
+	'(d) its dead letter from the claiming session settles both');
+is($twice->('dup-dead-fresh'), '2', '(d) dup-dead-fresh: both claimed');
+is(as_relay(q{SELECT idem_outbox_dead('relay-d', ARRAY['dup-dead-fresh']::idem_key[], 'bad')}), '2',
+	'(d) the dead letter from a fresh session settles both');
+is(query(q{SELECT string_agg(event_id::text || ':' || state::text, ',' ORDER BY event_id::text, state::text) FROM idempotency.routed_outbox
+           WHERE topic = 'twice'}),
+	'dup-ack:d,dup-ack:d,dup-dead:x,dup-dead:x,dup-dead-fresh:x,dup-dead-fresh:x,dup-fresh:d,dup-fresh:d',
+	'(d) each of the eight events settled as asked');
+# Relayed again and delivered, for (k).
+is(as_relay(q{SELECT idem_outbox_retry(ARRAY['dup-dead', 'dup-dead-fresh']::idem_key[])}), '4', '(d) retried');
+is($claimer->query_safe(q{SELECT count(*) FROM idem_outbox_claim('relay-d', 10, topics => '{twice}')}), '4',
+	'(d) claimed again');
+is($claimer->query_safe(q{SELECT idem_outbox_ack('relay-d', ARRAY['dup-dead', 'dup-dead-fresh']::idem_key[])}), '4',
+	'(d) and acknowledged');
+$claimer->quit;
 
 # ---------------------------------------------------------------------------------
 # (v) Inside a call Citus delegated

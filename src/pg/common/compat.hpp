@@ -9,6 +9,7 @@ extern "C" {
 #include "access/genam.h"
 #include "access/tableam.h"
 #include "access/transam.h"
+#include "catalog/pg_proc.h"
 #include "catalog/pg_tablespace.h"
 #include "executor/executor.h"
 #include "storage/lmgr.h"
@@ -113,6 +114,15 @@ inline bool may_create_in_tablespace(Oid tablespace, Oid user) {
   return object_aclcheck(TableSpaceRelationId, tablespace, user, ACL_CREATE) == ACLCHECK_OK;
 #else
   return pg_tablespace_aclcheck(tablespace, user, ACL_CREATE) == ACLCHECK_OK;
+#endif
+}
+
+// Whether `user` may execute `function`; object_aclcheck in 16 too.
+inline bool may_execute(Oid function, Oid user) {
+#if PG_VERSION_NUM >= 160000
+  return object_aclcheck(ProcedureRelationId, function, user, ACL_EXECUTE) == ACLCHECK_OK;
+#else
+  return pg_proc_aclcheck(function, user, ACL_EXECUTE) == ACLCHECK_OK;
 #endif
 }
 

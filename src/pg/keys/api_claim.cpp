@@ -2,6 +2,7 @@
 // the driver looks at the key and the core (decide_claim, claim_fresh, claim_take_over)
 // decides.
 #include "core/batch.hpp"
+#include "pg/citus/twin_privilege.hpp"
 #include "pg/citus/citus_forward.hpp"
 #include "pg/keys/arguments.hpp"
 #include "pg/keys/driver.hpp"
@@ -355,6 +356,6 @@ static Datum once_many(FunctionCallInfo fcinfo) {
 
 using namespace idempotency;
 
-IDEM_SQL_FUNCTION(idem_claim, claim)
-IDEM_SQL_FUNCTION(idem_once, once)
-IDEM_SQL_FUNCTION(idem_once_many, once_many)
+IDEM_TWINNED_SQL_FUNCTION(idem_claim, claim)
+IDEM_TWINNED_SQL_FUNCTION(idem_once, once)
+IDEM_TWINNED_SQL_FUNCTION(idem_once_many, once_many)

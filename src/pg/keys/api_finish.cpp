@@ -2,6 +2,7 @@
 // a key. Each checks its arguments, then the driver looks at the key (waiting for
 // another transaction's unwritten claim too) and the core (decide_finish, complete,
 // fail, checkpoint) decides.
+#include "pg/citus/twin_privilege.hpp"
 #include "pg/citus/citus_forward.hpp"
 #include "pg/keys/arguments.hpp"
 #include "pg/keys/driver.hpp"
@@ -157,8 +158,8 @@ static Datum forget(FunctionCallInfo fcinfo) {
 
 using namespace idempotency;
 
-IDEM_SQL_FUNCTION(idem_complete, complete_key)
-IDEM_SQL_FUNCTION(idem_fail, fail_key)
-IDEM_SQL_FUNCTION(idem_release, release_key)
-IDEM_SQL_FUNCTION(idem_checkpoint, checkpoint_key)
-IDEM_SQL_FUNCTION(idem_forget, forget)
+IDEM_TWINNED_SQL_FUNCTION(idem_complete, complete_key)
+IDEM_TWINNED_SQL_FUNCTION(idem_fail, fail_key)
+IDEM_TWINNED_SQL_FUNCTION(idem_release, release_key)
+IDEM_TWINNED_SQL_FUNCTION(idem_checkpoint, checkpoint_key)
+IDEM_TWINNED_SQL_FUNCTION(idem_forget, forget)

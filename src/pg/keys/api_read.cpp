@@ -1,5 +1,6 @@
 // idem_lookup and idem_abandoned: reading keys. Plain MVCC reads, so both work in a
 // read-only transaction and on a hot standby.
+#include "pg/citus/twin_privilege.hpp"
 #include "pg/keys/arguments.hpp"
 #include "pg/keys/driver.hpp"
 #include "pg/citus/citus_forward.hpp"
@@ -169,5 +170,5 @@ static Datum abandoned(FunctionCallInfo fcinfo) {
 
 using namespace idempotency;
 
-IDEM_SQL_FUNCTION(idem_lookup, lookup)
+IDEM_TWINNED_SQL_FUNCTION(idem_lookup, lookup)
 IDEM_SQL_FUNCTION(idem_abandoned, abandoned)

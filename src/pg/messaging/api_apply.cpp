@@ -3,6 +3,7 @@
 // One call at a time per (role, scope, entity): the record this transaction writes
 // is its own until it ends (keyed_write.hpp), so the next call waits and sees it.
 #include "core/outbox.hpp"
+#include "pg/citus/twin_privilege.hpp"
 #include "pg/citus/citus_forward.hpp"
 #include "pg/keys/arguments.hpp"
 #include "pg/keys/key_row.hpp"
@@ -99,4 +100,4 @@ static Datum apply_version(FunctionCallInfo fcinfo) {
 
 using namespace idempotency;
 
-IDEM_SQL_FUNCTION(idem_apply_version, apply_version)
+IDEM_TWINNED_SQL_FUNCTION(idem_apply_version, apply_version)

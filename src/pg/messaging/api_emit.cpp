@@ -4,6 +4,7 @@
 // aggregate waits for it, so seq follows commit order with no gap. Both are
 // keyed_write's loop; the rules are in src/core/outbox.hpp.
 #include "core/outbox.hpp"
+#include "pg/citus/twin_privilege.hpp"
 #include "pg/citus/citus_forward.hpp"
 #include "pg/keys/arguments.hpp"
 #include "pg/keys/key_row.hpp"
@@ -189,4 +190,4 @@ static Datum emit(FunctionCallInfo fcinfo) {
 
 using namespace idempotency;
 
-IDEM_SQL_FUNCTION(idem_emit, emit)
+IDEM_TWINNED_SQL_FUNCTION(idem_emit, emit)

@@ -15,6 +15,7 @@
 
 #include "core/key.hpp"
 #include "core/outbox.hpp"
+#include "pg/citus/twin_privilege.hpp"
 #include "pg/citus/citus_forward.hpp"
 #include "pg/citus/citus_meta.hpp"
 #include "pg/keys/key_row.hpp"
@@ -107,7 +108,9 @@ static Shards shards_of(Oid outbox) {
 // handed them out (a relay's loop) remembers their shards, so that its ack or dead
 // letter goes to those shards only. An id it does not know (claimed by another session,
 // or forgotten: at most kRemembered are kept, and a split makes new shards) goes to
-// every shard.
+// every shard; so does one it was handed from more than one shard (the outbox's key is
+// the id and the route: an application that gives its own ids may reuse one with
+// another routing value), so that the ack settles each of them, as from any session.
 constexpr long kRemembered = 16384;
 struct EventKey {
   uint32 length;
@@ -115,8 +118,9 @@ struct EventKey {
 };
 struct EventShard {
   EventKey key;
-  int64 shardid;
+  int64 shardid;  // kEveryShard: handed out from more than one
 };
+constexpr int64 kEveryShard = -1;
 static HTAB* event_shards;
 
 static EventKey event_key(Datum id) {
@@ -142,16 +146,18 @@ static void remember_shard(Datum id, int64 shardid) {
                                HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
   }
   EventKey key = event_key(id);
-  static_cast<EventShard*>(hash_search(event_shards, &key, HASH_ENTER, nullptr))->shardid = shardid;
+  bool known;
+  auto entry = static_cast<EventShard*>(hash_search(event_shards, &key, HASH_ENTER, &known));
+  entry->shardid = known && entry->shardid != shardid ? kEveryShard : shardid;
 }
 
-// The shard remembered for `id` (and forgotten now), or -1.
+// The shard remembered for `id` (and forgotten now), or kEveryShard.
 static int64 recall_shard(Datum id) {
   EventShard found;
   EventKey key = event_key(id);
-  if (event_shards == nullptr) return -1;
+  if (event_shards == nullptr) return kEveryShard;
   auto entry = static_cast<EventShard*>(hash_search(event_shards, &key, HASH_FIND, nullptr));
-  if (entry == nullptr) return -1;
+  if (entry == nullptr) return kEveryShard;
   found = *entry;
   hash_search(event_shards, &key, HASH_REMOVE, nullptr);
   return found.shardid;
@@ -159,8 +165,7 @@ static int64 recall_shard(Datum id) {
 
 // The sum of the twin's counts (ack, dead, retry) over the shards: the listed ids
 // (argument `ids_arg`) each to its remembered shard, or to every shard; all dead
-// letters (no list) on every shard. An event is in one shard, and a shard ignores
-// the ids it does not hold.
+// letters (no list) on every shard. A shard ignores the ids it does not hold.
 static int64 count_on_shards(FunctionCallInfo fcinfo, Oid outbox, int ids_arg, int route_arg) {
   Shards shards = shards_of(outbox);
   NullableDatum args[FUNC_MAX_ARGS];
@@ -580,8 +585,8 @@ static Datum outbox_dead_letters(FunctionCallInfo fcinfo) {
 
 using namespace idempotency;
 
-IDEM_SQL_FUNCTION(idem_outbox_claim, outbox_claim)
-IDEM_SQL_FUNCTION(idem_outbox_ack, outbox_ack)
-IDEM_SQL_FUNCTION(idem_outbox_dead, outbox_dead)
-IDEM_SQL_FUNCTION(idem_outbox_retry, outbox_retry)
-IDEM_SQL_FUNCTION(idem_outbox_dead_letters, outbox_dead_letters)
+IDEM_TWINNED_SQL_FUNCTION(idem_outbox_claim, outbox_claim)
+IDEM_TWINNED_SQL_FUNCTION(idem_outbox_ack, outbox_ack)
+IDEM_TWINNED_SQL_FUNCTION(idem_outbox_dead, outbox_dead)
+IDEM_TWINNED_SQL_FUNCTION(idem_outbox_retry, outbox_retry)
+IDEM_TWINNED_SQL_FUNCTION(idem_outbox_dead_letters, outbox_dead_letters)

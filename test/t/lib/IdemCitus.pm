@@ -28,7 +28,10 @@ sub require_citus {
 }
 
 # Starts the three nodes and joins them; returns ($coordinator, $worker1, $worker2).
+# Option extension_version: the version CREATE EXTENSION idempotency installs (an
+# update test's), else the default.
 sub start_cluster {
+	my (%options) = @_;
 	my @nodes = map { PostgreSQL::Test::Cluster->new($_) } qw(coordinator worker1 worker2);
 	for my $node (@nodes) {
 		$node->init;
@@ -65,7 +68,8 @@ citus.enable_statistics_collection = off
 		q{SELECT citus_set_coordinator_host('127.0.0.1', %d);
 		  SELECT citus_add_node('127.0.0.1', %d); SELECT citus_add_node('127.0.0.1', %d);},
 		$coordinator->port, $worker1->port, $worker2->port));
-	$coordinator->safe_psql('postgres', 'CREATE EXTENSION idempotency; CREATE EXTENSION amcheck');
+	my $version = $options{extension_version} ? " VERSION '$options{extension_version}'" : '';
+	$coordinator->safe_psql('postgres', "CREATE EXTENSION idempotency$version; CREATE EXTENSION amcheck");
 	return @nodes;
 }
 
