@@ -789,7 +789,8 @@ LANGUAGE sql STABLE AS $$
       AND (k.state OPERATOR(pg_catalog.=) 'a'
            OR (k.state OPERATOR(pg_catalog.=) 'p'
                AND k.lease_expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()))
-      AND k.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
+      AND (k.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
+           OR k.xact OPERATOR(pg_catalog.=) pg_catalog.pg_current_xact_id_if_assigned())
     ORDER BY k.first_claimed_at
     LIMIT $2;
 $$;
