@@ -590,18 +590,17 @@ BEGIN
   IF keys IS NULL THEN
     RAISE EXCEPTION 'keys must not be null' USING ERRCODE = 'null_value_not_allowed';
   END IF;
-  IF pg_catalog.array_position(keys, NULL) IS NOT NULL
-     OR (pg_catalog.array_ndims(keys) > 1 AND EXISTS (SELECT FROM pg_catalog.unnest(keys) e WHERE e IS NULL)) THEN
-    IF pg_catalog.array_ndims(keys) = 1 THEN
-      null_at := pg_catalog.array_position(keys, NULL);
-      RAISE EXCEPTION 'keys must not contain nulls' USING ERRCODE = 'null_value_not_allowed',
-        DETAIL = pg_catalog.format('keys[%s] is null.', null_at);
-    END IF;
-    RAISE EXCEPTION 'keys must not contain nulls' USING ERRCODE = 'null_value_not_allowed';
-  END IF;
   IF pg_catalog.array_ndims(keys) > 1 THEN
+    IF EXISTS (SELECT FROM pg_catalog.unnest(keys) e WHERE e IS NULL) THEN
+      RAISE EXCEPTION 'keys must not contain nulls' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
     RAISE EXCEPTION 'keys must be a one-dimensional array' USING ERRCODE = 'invalid_parameter_value',
       DETAIL = pg_catalog.format('It has %s dimensions.', pg_catalog.array_ndims(keys));
+  END IF;
+  null_at := pg_catalog.array_position(keys, NULL);
+  IF null_at IS NOT NULL THEN
+    RAISE EXCEPTION 'keys must not contain nulls' USING ERRCODE = 'null_value_not_allowed',
+      DETAIL = pg_catalog.format('keys[%s] is null.', null_at);
   END IF;
   PERFORM idempotency._check_name(scope, 'scope');
   IF ttl IS NULL THEN
