@@ -342,13 +342,19 @@ BEGIN
     IF timeout IS NOT NULL THEN
       PERFORM set_config('lock_timeout', timeout, true);
     END IF;
-    PERFORM FROM idempotency.keys k
-      WHERE k.role = me AND k.scope = _wait_for_row.scope AND k.key = _wait_for_row.key
-      FOR SHARE;
+    IF remaining_ms <= 0 THEN  -- do not wait at all
+      PERFORM FROM idempotency.keys k
+        WHERE k.role = me AND k.scope = _wait_for_row.scope AND k.key = _wait_for_row.key
+        FOR SHARE NOWAIT;
+    ELSE
+      PERFORM FROM idempotency.keys k
+        WHERE k.role = me AND k.scope = _wait_for_row.scope AND k.key = _wait_for_row.key
+        FOR SHARE;
+    END IF;
     RAISE EXCEPTION USING ERRCODE = 'IK999';  -- takes the lock back
   EXCEPTION
     WHEN lock_not_available THEN
-      IF timeout IS NULL THEN
+      IF timeout IS NULL AND remaining_ms > 0 THEN
         RAISE;
       END IF;
       RETURN true;

@@ -199,7 +199,11 @@ BEGIN
     IF row_xmax <> '0'::xid AND idempotency._busy(row_xmax) THEN
       IF idempotency._wait_for_row(me, scope, key,
              wait_ms - (extract(epoch FROM now - started) * 1000)::bigint) THEN
-        RETURN ROW('in_progress'::text, 'pending'::text, NULL::jsonb, r.attempt, NULL::text, NULL::jsonb, greatest(pg_catalog.clock_timestamp() - started, interval '100 ms'), r.first_claimed_at, r.expires_at);
+        -- The attempt that holds it: a writer of an abandoned or stale claim is taking
+        -- it over (the uncommitted row itself cannot be read here).
+        RETURN ROW('in_progress'::text, 'pending'::text, NULL::jsonb,
+                   r.attempt + CASE WHEN r.state = 'a' OR (r.state = 'p' AND r.lease_expires_at <= now)
+                                    THEN 1 ELSE 0 END, NULL::text, NULL::jsonb, greatest(pg_catalog.clock_timestamp() - started, interval '100 ms'), r.first_claimed_at, r.expires_at);
       END IF;
       CONTINUE;
     END IF;
@@ -223,7 +227,7 @@ BEGIN
     SELECT * INTO attempt_result FROM idempotency._take_over(r, NOT live, fingerprint, ttl, lease,
         now, false, wait_ms - (extract(epoch FROM now - started) * 1000)::bigint);
     IF attempt_result.timed_out THEN
-      RETURN ROW('in_progress'::text, 'pending'::text, NULL::jsonb, r.attempt, NULL::text, NULL::jsonb, greatest(pg_catalog.clock_timestamp() - started, interval '100 ms'), r.first_claimed_at, r.expires_at);
+      RETURN ROW('in_progress'::text, 'pending'::text, NULL::jsonb, CASE WHEN live THEN r.attempt + 1 ELSE 1 END, NULL::text, NULL::jsonb, greatest(pg_catalog.clock_timestamp() - started, interval '100 ms'), r.first_claimed_at, r.expires_at);
     END IF;
     r := attempt_result.taken;
     IF r.key IS NOT NULL THEN
