@@ -67,7 +67,8 @@ BEGIN
 END $$;
 
 CREATE DOMAIN idem_key AS text COLLATE "C"
-  CHECK (VALUE OPERATOR(pg_catalog.~) '^[!-~]{1,255}$' OR idempotency._key_invalid(VALUE));
+  CHECK (VALUE IS NULL OR VALUE OPERATOR(pg_catalog.~) '^[!-~]{1,255}$'
+         OR idempotency._key_invalid(VALUE));
 COMMENT ON DOMAIN idem_key IS 'an idempotency key: 1 to 255 visible ASCII bytes, compared bytewise';
 
 -- The key's bytes, as the native type sends them (its text: no 17-byte UUID form here).
@@ -415,9 +416,9 @@ BEGIN
     USING ERRCODE = 'IK004', HINT = 'Call idem_claim before finishing a key.';
 END $$;
 
--- IK003, with the native message for what this call saw (`found`, the row's state,
+-- IK003, with the native message for what this call saw (`row_found`, the row's state,
 -- attempt, whether this transaction wrote it, whether it is live).
-CREATE FUNCTION idempotency._raise_claim_lost(scope text, key text, found boolean,
+CREATE FUNCTION idempotency._raise_claim_lost(scope text, key text, row_found boolean,
     state "char", stored_attempt integer, written_here boolean, live boolean,
     attempt integer) RETURNS void
 LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
@@ -426,14 +427,14 @@ DECLARE
                                 WHEN 'f' THEN 'failed' WHEN 'a' THEN 'abandoned' END;
   detail text;
 BEGIN
-  IF found AND written_here AND state <> 'p' THEN
+  IF row_found AND written_here AND state <> 'p' THEN
     RAISE EXCEPTION 'idempotency key "%" in scope "%" was already % in this transaction',
         key, scope, state_name
       USING ERRCODE = 'IK003',
             DETAIL = 'A claim is finished once; its stored result is kept as it is.',
             HINT = 'Call idem_complete or idem_fail once per claim, after the business write.';
   END IF;
-  IF NOT found OR NOT live THEN
+  IF NOT row_found OR NOT live THEN
     detail := 'The key no longer exists or has expired.';
   ELSIF state <> 'p' THEN
     detail := format('The key is %s.', state_name);

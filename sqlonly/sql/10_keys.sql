@@ -203,8 +203,8 @@ BEGIN
       END IF;
       CONTINUE;
     END IF;
-    live := r.expires_at > now OR (r.state = 'p' AND r.lease_expires_at > now)
-            OR r.xact = cur;
+    live := coalesce(r.expires_at > now OR (r.state = 'p' AND r.lease_expires_at > now)
+                     OR r.xact = cur, false);
     IF live THEN
       -- Rule 2.
       IF r.fingerprint IS NOT NULL AND fingerprint IS NOT NULL AND r.fingerprint <> fingerprint THEN
@@ -277,7 +277,7 @@ BEGIN
     END IF;
     r := seen.r;
     row_xmax := seen.x;
-    own_claim := r.state = 'p' AND r.xact IS NOT DISTINCT FROM cur AND cur IS NOT NULL;
+    own_claim := coalesce(r.state = 'p' AND r.xact = cur, false);
     IF NOT own_claim AND row_xmax <> '0'::xid AND idempotency._busy(row_xmax) THEN
       IF idempotency._wait_for_row(me, scope, key,
              wait_ms - (extract(epoch FROM now - started) * 1000)::bigint) THEN
@@ -285,7 +285,8 @@ BEGIN
       END IF;
       CONTINUE;
     END IF;
-    live := r.expires_at > now OR (r.state = 'p' AND r.lease_expires_at > now) OR r.xact = cur;
+    live := coalesce(r.expires_at > now OR (r.state = 'p' AND r.lease_expires_at > now)
+                     OR r.xact = cur, false);
     IF own_claim THEN
       IF attempt IS NOT NULL AND attempt <> r.attempt THEN
         PERFORM idempotency._raise_claim_lost(scope, key, true, r.state, r.attempt,
@@ -422,4 +423,447 @@ BEGIN
     PERFORM idempotency._check_writable('idem_checkpoint');
   END IF;
   PERFORM idempotency._finish(scope, key, 'k', data, point, attempt);
+END $$;
+
+------------------------------------------------------------------------------
+-- idem_once and idem_once_many: the inbox, a key claimed and completed at once.
+------------------------------------------------------------------------------
+CREATE FUNCTION idem_once(scope text, key idem_key,
+    ttl interval DEFAULT NULL, wait interval DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  started timestamptz := pg_catalog.clock_timestamp();
+  now timestamptz;
+  me regrole;
+  wait_ms bigint;
+  seen record;
+  r idempotency.keys;
+  cur xid8;
+  live boolean;
+  attempt_result record;
+BEGIN
+  IF scope IS NULL OR key IS NULL OR pg_catalog.octet_length(scope) NOT BETWEEN 1 AND 255 THEN
+    PERFORM idempotency._check_identity(scope, key);
+  END IF;
+  IF ttl IS NULL THEN
+    ttl := idempotency._default_ttl();
+  ELSIF started + ttl <= started THEN
+    RAISE EXCEPTION 'ttl must be positive' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  wait_ms := idempotency._wait_ms(wait);
+  IF pg_catalog.current_setting('transaction_read_only') = 'on' THEN
+    PERFORM idempotency._check_writable('idem_once');
+  END IF;
+
+  me := idempotency._me();
+  FOR round IN 1 .. 1000 LOOP
+    SELECT k AS r, k.xmax AS x INTO seen FROM idempotency.keys k
+      WHERE k.role = me AND k.scope = idem_once.scope AND k.key = idem_once.key;
+    now := pg_catalog.clock_timestamp();
+    IF seen.r IS NULL THEN
+      SELECT * INTO attempt_result FROM idempotency._insert_claim(me, scope, key, NULL, now + ttl,
+          NULL, NULL, 'c', now, wait_ms - (extract(epoch FROM now - started) * 1000)::bigint);
+      IF attempt_result.timed_out THEN
+        PERFORM idempotency._raise_in_progress(scope, key);
+      END IF;
+      IF (attempt_result.inserted).key IS NOT NULL THEN
+        RETURN true;
+      END IF;
+      CONTINUE;
+    END IF;
+    r := seen.r;
+    cur := pg_catalog.pg_current_xact_id_if_assigned();
+    IF r.state = 'p' AND r.xact = cur THEN
+      RETURN false;  -- held by this same transaction
+    END IF;
+    IF seen.x <> '0'::xid AND idempotency._busy(seen.x) THEN
+      IF idempotency._wait_for_row(me, scope, key,
+             wait_ms - (extract(epoch FROM now - started) * 1000)::bigint) THEN
+        PERFORM idempotency._raise_in_progress(scope, key);
+      END IF;
+      CONTINUE;
+    END IF;
+    live := coalesce(r.expires_at > now OR (r.state = 'p' AND r.lease_expires_at > now)
+                     OR r.xact = cur, false);
+    IF live THEN
+      IF r.state IN ('c', 'f') THEN
+        RETURN false;
+      END IF;
+      IF r.state = 'p' AND r.lease_expires_at > now THEN
+        PERFORM idempotency._raise_in_progress(scope, key);  -- a live lease, at once
+      END IF;
+    END IF;
+    SELECT * INTO attempt_result FROM idempotency._take_over(r, NOT live, NULL, ttl, NULL,
+        now, true, wait_ms - (extract(epoch FROM now - started) * 1000)::bigint);
+    IF attempt_result.timed_out THEN
+      PERFORM idempotency._raise_in_progress(scope, key);
+    END IF;
+    IF (attempt_result.taken).key IS NOT NULL THEN
+      RETURN true;
+    END IF;
+  END LOOP;
+  RAISE EXCEPTION 'idem_once could not settle on the state of key "%" in scope "%"', key, scope
+    USING ERRCODE = 'internal_error';
+END $$;
+
+-- The batch's writes, in one subtransaction that waits (bounded): the absent keys
+-- inserted completed (in key order, so that batches sharing keys lock them in one
+-- order), and the expired, abandoned and stale ones taken over completed. Returns the
+-- keys applied; timed_out when the wait ran out.
+CREATE FUNCTION idempotency._once_many_write(me regrole, scope text, absent text[],
+    takeable text[], ttl interval, now timestamptz, remaining_ms bigint,
+    OUT applied text[], OUT timed_out boolean)
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  timeout text := idempotency._lock_timeout(remaining_ms);
+  own text;
+  cur xid8;
+  inserted text[];
+  taken text[];
+BEGIN
+  timed_out := false;
+  BEGIN
+    IF timeout IS NOT NULL THEN
+      own := current_setting('lock_timeout');
+      PERFORM set_config('lock_timeout', timeout, true);
+    END IF;
+    cur := pg_current_xact_id();
+    IF cardinality(absent) > 0 THEN
+      WITH ins AS (
+        INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact,
+                                           scope, key, state)
+          SELECT me, 1, now, now + ttl, cur, _once_many_write.scope, a.key, 'c'
+            FROM unnest(absent) AS a(key) ORDER BY a.key COLLATE "C"
+          ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING
+          RETURNING k.key)
+      SELECT array_agg(ins.key) INTO inserted FROM ins;
+    END IF;
+    IF cardinality(takeable) > 0 THEN
+      WITH upd AS (
+        UPDATE idempotency.keys k SET
+            attempt = CASE WHEN k.expires_at <= now THEN 1 ELSE k.attempt + 1 END,
+            first_claimed_at = CASE WHEN k.expires_at <= now THEN now ELSE k.first_claimed_at END,
+            expires_at = CASE WHEN k.expires_at <= now THEN now + ttl ELSE k.expires_at END,
+            fingerprint = CASE WHEN k.expires_at <= now THEN NULL ELSE k.fingerprint END,
+            checkpoint = CASE WHEN k.expires_at <= now THEN NULL ELSE k.checkpoint END,
+            checkpoint_data = CASE WHEN k.expires_at <= now THEN NULL ELSE k.checkpoint_data END,
+            xact = cur, lease = NULL, lease_expires_at = NULL, state = 'c', response = NULL
+          WHERE k.role = me AND k.scope = _once_many_write.scope AND k.key = ANY(takeable)
+            AND k.xact IS DISTINCT FROM cur
+            AND NOT (k.state = 'p' AND k.lease_expires_at > now)
+            AND (k.state IN ('a', 'p') OR k.expires_at <= now)
+          RETURNING k.key)
+      SELECT array_agg(upd.key) INTO taken FROM upd;
+    END IF;
+    IF timeout IS NOT NULL THEN
+      PERFORM set_config('lock_timeout', own, true);
+    END IF;
+  EXCEPTION WHEN lock_not_available THEN
+    IF timeout IS NULL THEN
+      RAISE;
+    END IF;
+    timed_out := true;
+  END;
+  applied := coalesce(inserted, '{}') || coalesce(taken, '{}');
+END $$;
+
+CREATE FUNCTION idem_once_many(scope text, keys idem_key[],
+    ttl interval DEFAULT NULL, wait interval DEFAULT NULL)
+RETURNS boolean[]
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  started timestamptz := pg_catalog.clock_timestamp();
+  now timestamptz;
+  me regrole;
+  wait_ms bigint;
+  cur xid8;
+  null_at integer;
+  pending text[];
+  applied text[] := '{}';
+  looked record;
+  absent text[];
+  written record;
+  result boolean[];
+BEGIN
+  -- Arguments: the array first, then as idem_once; 25006; an empty array last.
+  IF keys IS NULL THEN
+    RAISE EXCEPTION 'keys must not be null' USING ERRCODE = 'null_value_not_allowed';
+  END IF;
+  IF pg_catalog.array_position(keys, NULL) IS NOT NULL
+     OR (pg_catalog.array_ndims(keys) > 1 AND EXISTS (SELECT FROM pg_catalog.unnest(keys) e WHERE e IS NULL)) THEN
+    IF pg_catalog.array_ndims(keys) = 1 THEN
+      null_at := pg_catalog.array_position(keys, NULL);
+      RAISE EXCEPTION 'keys must not contain nulls' USING ERRCODE = 'null_value_not_allowed',
+        DETAIL = pg_catalog.format('keys[%s] is null.', null_at);
+    END IF;
+    RAISE EXCEPTION 'keys must not contain nulls' USING ERRCODE = 'null_value_not_allowed';
+  END IF;
+  IF pg_catalog.array_ndims(keys) > 1 THEN
+    RAISE EXCEPTION 'keys must be a one-dimensional array' USING ERRCODE = 'invalid_parameter_value',
+      DETAIL = pg_catalog.format('It has %s dimensions.', pg_catalog.array_ndims(keys));
+  END IF;
+  PERFORM idempotency._check_name(scope, 'scope');
+  IF ttl IS NULL THEN
+    ttl := idempotency._default_ttl();
+  ELSIF started + ttl <= started THEN
+    RAISE EXCEPTION 'ttl must be positive' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+  wait_ms := idempotency._wait_ms(wait);
+  IF pg_catalog.current_setting('transaction_read_only') = 'on' THEN
+    PERFORM idempotency._check_writable('idem_once_many');
+  END IF;
+  IF pg_catalog.cardinality(keys) = 0 THEN
+    RETURN '{}';
+  END IF;
+
+  me := idempotency._me();
+  pending := ARRAY(SELECT DISTINCT e::text COLLATE "C" FROM pg_catalog.unnest(keys) e ORDER BY 1);
+  FOR round IN 1 .. 1000 LOOP
+    now := pg_catalog.clock_timestamp();
+    cur := pg_catalog.pg_current_xact_id_if_assigned();
+    -- What each pending key's row says, by the rules in their order (7, 4, 1, 3, 5, 6).
+    SELECT coalesce(pg_catalog.array_agg(c.key) FILTER (WHERE c.verdict = 'done'), '{}') AS done,
+           pg_catalog.min(c.key) FILTER (WHERE c.verdict = 'busy') AS busy,
+           pg_catalog.min(c.key) FILTER (WHERE c.verdict = 'leased') AS leased,
+           coalesce(pg_catalog.array_agg(c.key) FILTER (WHERE c.verdict = 'take'), '{}') AS take,
+           coalesce(pg_catalog.array_agg(c.key), '{}') AS found
+      INTO looked
+      FROM (SELECT k.key,
+                   CASE WHEN k.state = 'p' AND k.xact = cur THEN 'done'
+                        WHEN k.xmax <> '0'::xid AND idempotency._busy(k.xmax) THEN 'busy'
+                        WHEN k.expires_at <= now AND NOT (k.state = 'p' AND k.lease_expires_at > now)
+                             AND k.xact IS DISTINCT FROM cur THEN 'take'
+                        WHEN k.state IN ('c', 'f') THEN 'done'
+                        WHEN k.state = 'p' AND k.lease_expires_at > now THEN 'leased'
+                        ELSE 'take' END AS verdict
+              FROM idempotency.keys k
+              WHERE k.role = me AND k.scope = idem_once_many.scope AND k.key = ANY(pending)) c;
+    IF looked.leased IS NOT NULL THEN
+      PERFORM idempotency._raise_in_progress(scope, looked.leased);
+    END IF;
+    absent := ARRAY(SELECT u.k FROM pg_catalog.unnest(pending) u(k)
+                    WHERE u.k <> ALL(looked.found));
+    IF pg_catalog.cardinality(absent) > 0 OR pg_catalog.cardinality(looked.take) > 0 THEN
+      SELECT * INTO written FROM idempotency._once_many_write(me, scope, absent, looked.take, ttl,
+          now, wait_ms - (extract(epoch FROM pg_catalog.clock_timestamp() - started) * 1000)::bigint);
+      IF written.timed_out THEN
+        -- Name the key another transaction holds: the first that does not answer at once.
+        FOR i IN 1 .. pg_catalog.cardinality(absent) LOOP
+          IF idempotency._probe_absent(me, scope, absent[i], 0) = 'timeout' THEN
+            PERFORM idempotency._raise_in_progress(scope, absent[i]);
+          END IF;
+        END LOOP;
+        PERFORM idempotency._raise_in_progress(scope, coalesce(absent[1], looked.take[1]));
+      END IF;
+      applied := applied || written.applied;
+    END IF;
+    IF looked.busy IS NOT NULL THEN
+      IF idempotency._wait_for_row(me, scope, looked.busy,
+             wait_ms - (extract(epoch FROM pg_catalog.clock_timestamp() - started) * 1000)::bigint) THEN
+        PERFORM idempotency._raise_in_progress(scope, looked.busy);
+      END IF;
+    END IF;
+    -- Still to decide: what was neither done nor applied now (a row committed, changed
+    -- or being written meanwhile).
+    pending := ARRAY(SELECT u.k FROM pg_catalog.unnest(pending) u(k)
+                     WHERE u.k <> ALL(looked.done) AND u.k <> ALL(applied));
+    EXIT WHEN pg_catalog.cardinality(pending) = 0;
+  END LOOP;
+  IF pg_catalog.cardinality(pending) > 0 THEN
+    RAISE EXCEPTION 'idem_once_many could not settle on the state of key "%" in scope "%"',
+      pending[1], scope USING ERRCODE = 'internal_error';
+  END IF;
+
+  -- Element i: applied now, at the key's first position in the array.
+  SELECT pg_catalog.array_agg(a.first AND a.k = ANY(applied) ORDER BY a.i) INTO result
+    FROM (SELECT e::text AS k, i, pg_catalog.row_number() OVER (PARTITION BY e::text ORDER BY i) = 1 AS first
+            FROM pg_catalog.unnest(keys) WITH ORDINALITY AS u(e, i)) a;
+  IF pg_catalog.array_lower(keys, 1) <> 1 THEN
+    result := pg_catalog.format('[%s:%s]=%s', pg_catalog.array_lower(keys, 1),
+                                pg_catalog.array_upper(keys, 1), result)::boolean[];
+  END IF;
+  RETURN result;
+END $$;
+
+------------------------------------------------------------------------------
+-- idem_forget: removes the calling role's key whatever its state.
+------------------------------------------------------------------------------
+CREATE FUNCTION idem_forget(scope text, key idem_key)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  started timestamptz := pg_catalog.clock_timestamp();
+  now timestamptz;
+  me regrole;
+  wait_ms bigint;
+  seen record;
+  r idempotency.keys;
+  cur xid8;
+BEGIN
+  PERFORM idempotency._check_identity(scope, key);
+  IF pg_catalog.current_setting('transaction_read_only') = 'on' THEN
+    PERFORM idempotency._check_writable('idem_forget');
+  END IF;
+  me := idempotency._me();
+  wait_ms := idempotency._wait_ms(NULL);
+  FOR round IN 1 .. 1000 LOOP
+    SELECT k AS r, k.xmax AS x INTO seen FROM idempotency.keys k
+      WHERE k.role = me AND k.scope = idem_forget.scope AND k.key = idem_forget.key;
+    now := pg_catalog.clock_timestamp();
+    IF seen.r IS NULL THEN
+      CASE idempotency._probe_absent(me, scope, key,
+                                     wait_ms - (extract(epoch FROM now - started) * 1000)::bigint)
+        WHEN 'timeout' THEN PERFORM idempotency._raise_in_progress(scope, key);
+        WHEN 'present' THEN CONTINUE;
+        ELSE RETURN false;
+      END CASE;
+    END IF;
+    r := seen.r;
+    cur := pg_catalog.pg_current_xact_id_if_assigned();
+    IF seen.x <> '0'::xid AND idempotency._busy(seen.x) THEN
+      IF idempotency._wait_for_row(me, scope, key,
+             wait_ms - (extract(epoch FROM now - started) * 1000)::bigint) THEN
+        PERFORM idempotency._raise_in_progress(scope, key);
+      END IF;
+      CONTINUE;
+    END IF;
+    DELETE FROM idempotency.keys k
+      WHERE k.role = me AND k.scope = idem_forget.scope AND k.key = idem_forget.key
+        AND k.attempt = r.attempt AND k.state = r.state AND k.expires_at = r.expires_at;
+    IF FOUND THEN
+      RETURN coalesce(r.expires_at > now OR (r.state = 'p' AND r.lease_expires_at > now)
+                      OR r.xact = cur, false);
+    END IF;
+  END LOOP;
+  RAISE EXCEPTION 'idem_forget could not settle on the state of key "%" in scope "%"', key, scope
+    USING ERRCODE = 'internal_error';
+END $$;
+
+------------------------------------------------------------------------------
+-- Reading: plain MVCC reads, so both work in a read-only transaction and on a hot
+-- standby.
+------------------------------------------------------------------------------
+CREATE FUNCTION idem_lookup(scope text, key idem_key)
+RETURNS TABLE(state text, response jsonb, attempt integer, checkpoint text,
+              checkpoint_data jsonb, first_claimed_at timestamptz,
+              expires_at timestamptz, lease_expires_at timestamptz)
+LANGUAGE plpgsql STABLE ROWS 1 AS $$
+DECLARE
+  now timestamptz := pg_catalog.clock_timestamp();
+BEGIN
+  PERFORM idempotency._check_identity(scope, key);
+  RETURN QUERY
+    SELECT CASE k.state WHEN 'p' THEN 'pending' WHEN 'c' THEN 'completed'
+                        WHEN 'f' THEN 'failed' ELSE 'abandoned' END,
+           k.response, k.attempt, k.checkpoint, k.checkpoint_data, k.first_claimed_at,
+           k.expires_at, k.lease_expires_at
+      FROM idempotency.keys k
+      WHERE k.role = idempotency._me() AND k.scope = idem_lookup.scope AND k.key = idem_lookup.key
+        AND (k.expires_at > now OR (k.state = 'p' AND k.lease_expires_at > now)
+             OR k.xact = pg_catalog.pg_current_xact_id_if_assigned());
+END $$;
+
+-- node_only: as native (a Citus cluster's nodes); this edition has one node. (SQL, not
+-- PL/pgSQL: a result column has a parameter's name.)
+CREATE FUNCTION idempotency._check_max_rows(max_rows bigint) RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF max_rows IS NULL THEN
+    RAISE EXCEPTION 'max_rows must not be null' USING ERRCODE = 'null_value_not_allowed';
+  ELSIF max_rows < 0 THEN
+    RAISE EXCEPTION 'max_rows must not be negative' USING ERRCODE = 'invalid_parameter_value';
+  END IF;
+END $$;
+
+CREATE FUNCTION idem_abandoned(scope text DEFAULT NULL, max_rows integer DEFAULT 100,
+                               node_only boolean DEFAULT false)
+RETURNS TABLE(scope text, key idem_key, attempt integer, checkpoint text,
+              checkpoint_data jsonb, first_claimed_at timestamptz)
+LANGUAGE sql STABLE AS $$
+  SELECT idempotency._check_max_rows($2);
+  SELECT k.scope, k.key, k.attempt, k.checkpoint, k.checkpoint_data, k.first_claimed_at
+    FROM idempotency.keys k
+    WHERE k.role OPERATOR(pg_catalog.=) idempotency._me() AND k.lease IS NOT NULL
+      AND ($1 IS NULL OR k.scope OPERATOR(pg_catalog.=) $1)
+      AND (k.state OPERATOR(pg_catalog.=) 'a'
+           OR (k.state OPERATOR(pg_catalog.=) 'p'
+               AND k.lease_expires_at OPERATOR(pg_catalog.<=) pg_catalog.clock_timestamp()))
+      AND (k.expires_at OPERATOR(pg_catalog.>) pg_catalog.clock_timestamp()
+           OR k.xact OPERATOR(pg_catalog.=) pg_catalog.pg_current_xact_id_if_assigned())
+    ORDER BY k.first_claimed_at
+    LIMIT $2;
+$$;
+
+------------------------------------------------------------------------------
+-- Fingerprints and derived keys, as native (docs/fingerprint.md): SHA-256 of the
+-- canonical text of a jsonb, of text as UTF-8, of bytes.
+------------------------------------------------------------------------------
+
+-- The canonical text: no whitespace; members sorted by the bytes of their keys;
+-- strings escaped as JSON text output escapes them (\" \\ \b \t \n \f \r, other
+-- characters below U+0020 as \u00xx); numbers in plain decimal without trailing
+-- fractional zeros (numeric's output has no exponent; -0 is 0).
+CREATE FUNCTION idempotency._canonical_json(value jsonb) RETURNS text
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  CASE jsonb_typeof(value)
+    WHEN 'object' THEN
+      RETURN '{' || coalesce((SELECT string_agg(to_json(e.key)::text || ':'
+                                                || idempotency._canonical_json(e.value), ','
+                                                ORDER BY e.key COLLATE "C")
+                              FROM jsonb_each(value) e), '') || '}';
+    WHEN 'array' THEN
+      RETURN '[' || coalesce((SELECT string_agg(idempotency._canonical_json(e.value), ','
+                                                ORDER BY e.i)
+                              FROM jsonb_array_elements(value) WITH ORDINALITY AS e(value, i)),
+                             '') || ']';
+    WHEN 'number' THEN
+      RETURN trim_scale(value::numeric)::text;
+    ELSE
+      RETURN value::text;
+  END CASE;
+END $$;
+
+CREATE FUNCTION idem_fingerprint(jsonb) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+  IF $1 IS NULL THEN
+    RAISE EXCEPTION 'the value to fingerprint must not be null' USING ERRCODE = 'null_value_not_allowed';
+  END IF;
+  RETURN pg_catalog.sha256(pg_catalog.convert_to(idempotency._canonical_json($1), 'UTF8'));
+END $$;
+
+CREATE FUNCTION idem_fingerprint(text) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+  IF $1 IS NULL THEN
+    RAISE EXCEPTION 'the value to fingerprint must not be null' USING ERRCODE = 'null_value_not_allowed';
+  END IF;
+  RETURN pg_catalog.sha256(pg_catalog.convert_to($1, 'UTF8'));
+END $$;
+
+CREATE FUNCTION idem_fingerprint(bytea) RETURNS bytea
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+  IF $1 IS NULL THEN
+    RAISE EXCEPTION 'the value to fingerprint must not be null' USING ERRCODE = 'null_value_not_allowed';
+  END IF;
+  RETURN pg_catalog.sha256($1);
+END $$;
+
+-- Lowercase hex of the first 16 bytes of SHA-256(root || 0x00 || step as UTF-8).
+CREATE FUNCTION idem_derive(root idem_key, step text)
+RETURNS idem_key
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+BEGIN
+  IF root IS NULL THEN
+    RAISE EXCEPTION 'root must not be null' USING ERRCODE = 'null_value_not_allowed';
+  END IF;
+  IF step IS NULL THEN
+    RAISE EXCEPTION 'step must not be null' USING ERRCODE = 'null_value_not_allowed';
+  END IF;
+  RETURN pg_catalog.left(pg_catalog.encode(pg_catalog.sha256(
+           pg_catalog.textsend(root) || '\x00'::bytea || pg_catalog.convert_to(step, 'UTF8')),
+           'hex'), 32);
 END $$;
