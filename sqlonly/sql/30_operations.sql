@@ -34,7 +34,6 @@ DECLARE
   deleted bigint := 0;
   orphans bigint := 0;
   reclaimed bigint := 0;
-  retention_s bigint;
 BEGIN
   IF max_rows < 0 THEN
     RAISE EXCEPTION 'max_rows must not be negative' USING ERRCODE = 'invalid_parameter_value';
@@ -83,19 +82,13 @@ BEGIN
       RETURNING 1)
   SELECT count(*) INTO reclaimed FROM stale;
 
-  -- Messaging's expired records (sqlonly/sql/20_messaging.sql), when installed.
-  IF to_regclass('idempotency.applied_versions') IS NOT NULL THEN
-    EXECUTE 'DELETE FROM idempotency.applied_versions v WHERE v.ctid IN (
-               SELECT e.ctid FROM idempotency.applied_versions e WHERE e.expires_at <= $1
-               LIMIT $2 FOR UPDATE SKIP LOCKED)' USING now, budget;
+  -- Messaging's (sqlonly/sql/20_messaging.sql): expired applied versions, and delivered
+  -- outbox events past idempotency.outbox_retention; counted with the keys' rows.
+  IF deleted < budget THEN
+    deleted := deleted + idempotency._reap_applied_versions(budget - deleted);
   END IF;
-  IF to_regclass('idempotency.outbox') IS NOT NULL THEN
-    retention_s := idempotency._setting('idempotency.outbox_retention', 's', 0);
-    EXECUTE 'DELETE FROM idempotency.outbox o WHERE o.ctid IN (
-               SELECT e.ctid FROM idempotency.outbox e
-               WHERE e.state = ''d'' AND e.delivered_at <= $1
-               LIMIT $2 FOR UPDATE SKIP LOCKED)'
-      USING now - make_interval(secs => retention_s), budget;
+  IF deleted < budget THEN
+    deleted := deleted + idempotency._reap_outbox(budget - deleted);
   END IF;
 
   UPDATE idempotency.reap_stats SET
@@ -175,18 +168,9 @@ BEGIN
     FROM (SELECT FROM idempotency.keys k
           WHERE k.lease_expires_at <= now AND k.lease_expires_at IS NOT NULL AND k.state = 'p'
           LIMIT 10000) s;
-  IF to_regclass('idempotency.outbox') IS NOT NULL THEN
-    EXECUTE 'SELECT (SELECT count(*) FROM (SELECT FROM idempotency.outbox o
-                                            WHERE o.state = ''p'' LIMIT 10000) p),
-                    (SELECT count(*) FROM (SELECT FROM idempotency.outbox o
-                                            WHERE o.state = ''x'' LIMIT 10000) x),
-                    (SELECT o.emitted_at FROM idempotency.outbox o WHERE o.state = ''p''
-                     ORDER BY o.position LIMIT 1)'
-      INTO outbox_undelivered, outbox_dead, outbox_oldest_undelivered_at;
-  ELSE
-    outbox_undelivered := 0;
-    outbox_dead := 0;
-  END IF;
+  SELECT o.outbox_undelivered, o.outbox_dead, o.outbox_oldest_undelivered_at
+    INTO outbox_undelivered, outbox_dead, outbox_oldest_undelivered_at
+    FROM idempotency._outbox_stats() o;
   claims_total := NULL;
   replays_total := NULL;
   fingerprint_mismatches_total := NULL;
