@@ -388,6 +388,10 @@ BEGIN
       RETURNING true INTO inserted;
     RAISE EXCEPTION USING ERRCODE = 'IK999', MESSAGE = coalesce(inserted, false)::text;
   EXCEPTION
+    WHEN insufficient_privilege THEN
+      -- A role that may not add keys (keys_added_by_claimers) cannot probe: it learns
+      -- nothing of others' claims, and has no claim of its own to wait for.
+      RETURN 'absent';
     WHEN lock_not_available THEN
       IF timeout IS NULL THEN
         RAISE;
