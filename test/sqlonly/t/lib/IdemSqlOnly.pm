@@ -55,12 +55,14 @@ sub psql_as {
 	return ($ret, $stdout, $stderr);
 }
 
-# safe_as: psql_as that fails the test file on an error, returns stdout.
+# safe_as: psql_as's stdout; on an error, the error instead (so that the assertion
+# comparing it fails and says why, and the file goes on).
 sub safe_as {
 	my ($node, $role, $dbname, $sql, %params) = @_;
 	my ($ret, $stdout, $stderr) = psql_as($node, $role, $dbname, $sql, %params);
-	die "psql as $role failed: $stderr" if $ret != 0;
-	return $stdout;
+	return $stdout if $ret == 0;
+	diag("psql as $role failed: $stderr");
+	return "psql failed: $stderr";
 }
 
 # error_as: the SQLSTATE and message of a statement that must fail, "STATE: message"
