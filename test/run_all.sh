@@ -725,11 +725,11 @@ sqlonly_tap_needing() {
 # sqlonly_addon NAME VERSION COPY: sets addon_ok=1 when NAME can be loaded in COPY;
 # else a "not run" line naming WHAT (or one failure when it did not build).
 sqlonly_addon() {
-  local name=$1 version=$2 copy=$3 what=$4 status=0
+  local name=$1 version=$2 copy=$3 what=$4 status=0 release
   addon_ok=0
-  addon_for "$name" "$copy" >/dev/null || status=$?
+  release=$(addon_for "$name" "$copy") || status=$?
   case $status in
-    0) addon_ok=1; echo "$name $(_addon_installed "$name" "$copy/bin/pg_config") in the copy" ;;
+    0) addon_ok=1; echo "$name $release in the copy" ;;
     2) echo "not run: $what (no $name source: set ${name^^}_SOURCE_DIR or ${name^^}_TARBALL)"
        not_run_lines+=("PostgreSQL $version: not run: $what (no $name source: set ${name^^}_SOURCE_DIR or ${name^^}_TARBALL)") ;;
     *) stage_failed "$name could not be built or installed for PostgreSQL $version" ;;
