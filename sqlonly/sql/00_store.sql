@@ -365,7 +365,7 @@ END $$;
 -- out within our bound; the caller's own lock_timeout and cycles (40P01) raise.
 CREATE FUNCTION idempotency._wait_for_row(me regrole, scope text, key text,
                                           remaining_ms bigint) RETURNS boolean
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
 DECLARE
   timeout text := idempotency._lock_timeout(remaining_ms);
 BEGIN
@@ -401,7 +401,7 @@ END $$;
 -- again) or 'timeout' (our bound ran out).
 CREATE FUNCTION idempotency._probe_absent(me regrole, scope text, key text,
                                           remaining_ms bigint) RETURNS text
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
 DECLARE
   timeout text := idempotency._lock_timeout(remaining_ms);
   inserted boolean;
