@@ -13,12 +13,15 @@
 -- an in-transaction claim wrote, and looks at the row as it is then.
 ------------------------------------------------------------------------------
 CREATE FUNCTION idempotency._check_claim_finished() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql SECURITY DEFINER AS $$
+-- Fired for each pending row version an in-transaction claim (or takeover, or a
+-- checkpoint of one) wrote: if that version is still the key's current one, the claim
+-- is unfinished. A completion, failure, release or later checkpoint replaced it (the
+-- version is then dead to this transaction), unless that happened in a subtransaction
+-- that rolled back. SECURITY DEFINER: found whichever role commits (row-level security
+-- would hide it from another); schema-qualified throughout, so no search_path needed.
 BEGIN
-  IF EXISTS (SELECT FROM idempotency.keys k
-             WHERE k.role = NEW.role AND k.scope = NEW.scope AND k.key = NEW.key
-               AND k.state = 'p' AND k.lease IS NULL
-               AND k.xact = pg_current_xact_id_if_assigned()) THEN
+  IF EXISTS (SELECT FROM idempotency.keys k WHERE k.ctid OPERATOR(pg_catalog.=) NEW.ctid) THEN
     RAISE EXCEPTION 'idempotency key "%" in scope "%" was claimed but not finished', NEW.key, NEW.scope
       USING ERRCODE = 'IK002',
             DETAIL = 'A transaction that claims a key must complete, fail or release it before it commits, so the key is never stored without its work.',
@@ -122,11 +125,13 @@ BEGIN
   END;
 END $$;
 
-CREATE FUNCTION idem_claim(scope text, key idem_key,
-    fingerprint bytea DEFAULT NULL, ttl interval DEFAULT NULL,
-    lease interval DEFAULT NULL, wait interval DEFAULT NULL)
+-- The general path of idem_claim: every argument check, leases, waits, takeovers.
+-- (idem_claim_result in its signature is resolved when it is created, as the public
+-- functions' types are; the body names nothing of the target schema.)
+CREATE FUNCTION idempotency._claim(scope text, key text, fingerprint bytea, ttl interval,
+    lease interval, wait interval)
 RETURNS idem_claim_result
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   started timestamptz := pg_catalog.clock_timestamp();
   now timestamptz;
@@ -170,7 +175,7 @@ BEGIN
   me := idempotency._me();
   FOR round IN 1 .. 1000 LOOP
     SELECT k AS r, k.xmax AS x INTO seen FROM idempotency.keys k
-      WHERE k.role = me AND k.scope = idem_claim.scope AND k.key = idem_claim.key;
+      WHERE k.role = me AND k.scope = _claim.scope AND k.key = _claim.key;
     now := pg_catalog.clock_timestamp();
     IF seen.r IS NULL THEN
       -- Rule 1: a new key.
@@ -199,7 +204,11 @@ BEGIN
     IF row_xmax <> '0'::xid AND idempotency._busy(row_xmax) THEN
       IF idempotency._wait_for_row(me, scope, key,
              wait_ms - (extract(epoch FROM now - started) * 1000)::bigint) THEN
-        RETURN ROW('in_progress'::text, 'pending'::text, NULL::jsonb, r.attempt, NULL::text, NULL::jsonb, greatest(pg_catalog.clock_timestamp() - started, interval '100 ms'), r.first_claimed_at, r.expires_at);
+        -- The attempt that holds it: a writer of an abandoned or stale claim is taking
+        -- it over (the uncommitted row itself cannot be read here).
+        RETURN ROW('in_progress'::text, 'pending'::text, NULL::jsonb,
+                   r.attempt + CASE WHEN r.state = 'a' OR (r.state = 'p' AND r.lease_expires_at <= now)
+                                    THEN 1 ELSE 0 END, NULL::text, NULL::jsonb, greatest(pg_catalog.clock_timestamp() - started, interval '100 ms'), r.first_claimed_at, r.expires_at);
       END IF;
       CONTINUE;
     END IF;
@@ -223,7 +232,7 @@ BEGIN
     SELECT * INTO attempt_result FROM idempotency._take_over(r, NOT live, fingerprint, ttl, lease,
         now, false, wait_ms - (extract(epoch FROM now - started) * 1000)::bigint);
     IF attempt_result.timed_out THEN
-      RETURN ROW('in_progress'::text, 'pending'::text, NULL::jsonb, r.attempt, NULL::text, NULL::jsonb, greatest(pg_catalog.clock_timestamp() - started, interval '100 ms'), r.first_claimed_at, r.expires_at);
+      RETURN ROW('in_progress'::text, 'pending'::text, NULL::jsonb, CASE WHEN live THEN r.attempt + 1 ELSE 1 END, NULL::text, NULL::jsonb, greatest(pg_catalog.clock_timestamp() - started, interval '100 ms'), r.first_claimed_at, r.expires_at);
     END IF;
     r := attempt_result.taken;
     IF r.key IS NOT NULL THEN
@@ -232,6 +241,92 @@ BEGIN
   END LOOP;
   RAISE EXCEPTION 'idem_claim could not settle on the state of key "%" in scope "%"', key, scope
     USING ERRCODE = 'internal_error';
+END $$;
+
+-- idem_claim. Its fast path (no lease, no wait given, valid arguments, the default
+-- settings; a new key, a replay or this transaction's own claim) is one look and, for
+-- a new key, one insert; everything else goes to idempotency._claim. Every operator
+-- and function here is schema-qualified: the caller's search_path may hold others of
+-- the same names (a SET search_path clause would cost more than the claim itself).
+CREATE FUNCTION idem_claim(scope text, key idem_key,
+    fingerprint bytea DEFAULT NULL, ttl interval DEFAULT NULL,
+    lease interval DEFAULT NULL, wait interval DEFAULT NULL)
+RETURNS idem_claim_result
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  now pg_catalog.timestamptz := pg_catalog.clock_timestamp();
+  me pg_catalog.regrole;
+  seen record;
+  r idempotency.keys;
+  written pg_catalog.int8;
+BEGIN
+  IF lease IS NULL AND wait IS NULL AND scope IS NOT NULL AND key IS NOT NULL
+     AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 0
+     AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255
+     AND (fingerprint IS NULL OR pg_catalog.octet_length(fingerprint) OPERATOR(pg_catalog.<=) 64)
+     AND (ttl IS NULL OR now OPERATOR(pg_catalog.+) ttl OPERATOR(pg_catalog.>) now)
+     AND (ttl IS NOT NULL
+          OR coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '')
+             OPERATOR(pg_catalog.=) '')
+     AND coalesce(pg_catalog.current_setting('idempotency.wait_timeout', true), '')
+         OPERATOR(pg_catalog.=) ''
+     AND pg_catalog.current_setting('lock_timeout') OPERATOR(pg_catalog.=) '0'
+     AND pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'off' THEN
+    me := idempotency._me();
+    SELECT k AS r, k.xmax AS x INTO seen FROM idempotency.keys k
+      WHERE k.role OPERATOR(pg_catalog.=) me AND k.scope OPERATOR(pg_catalog.=) idem_claim.scope
+        AND k.key OPERATOR(pg_catalog.=) idem_claim.key;
+    IF seen.r IS NULL THEN
+      -- Rule 1. The insert waits for another transaction inserting the key, at most
+      -- idempotency.wait_timeout (5 s): in a subtransaction, so that running out is
+      -- an answer (in_progress), not the caller's abort.
+      BEGIN
+        PERFORM pg_catalog.set_config('lock_timeout', '5000', true);
+        INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact,
+                                           scope, key, fingerprint, state)
+          VALUES (me, 1, now, now OPERATOR(pg_catalog.+)
+                              coalesce(ttl, '24 hours'::pg_catalog.interval),
+                  pg_catalog.pg_current_xact_id(), scope, key, fingerprint, 'p')
+          ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING
+          RETURNING k.* INTO r;
+        GET DIAGNOSTICS written = ROW_COUNT;
+        PERFORM pg_catalog.set_config('lock_timeout', '0', true);
+      EXCEPTION WHEN lock_not_available THEN
+        RETURN ROW('in_progress'::pg_catalog.text, 'pending'::pg_catalog.text, NULL::pg_catalog.jsonb,
+                   1, NULL::pg_catalog.text, NULL::pg_catalog.jsonb,
+                   greatest(pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) now,
+                                       '100 ms'::pg_catalog.interval),
+                   NULL::pg_catalog.timestamptz, NULL::pg_catalog.timestamptz);
+      END;
+      IF written OPERATOR(pg_catalog.=) 1 THEN
+        RETURN ROW('claimed'::pg_catalog.text, 'pending'::pg_catalog.text, NULL::pg_catalog.jsonb,
+                   1, NULL::pg_catalog.text, NULL::pg_catalog.jsonb, NULL::pg_catalog.interval,
+                   r.first_claimed_at, r.expires_at);
+      END IF;
+    ELSE
+      r := seen.r;
+      IF r.state OPERATOR(pg_catalog.=) 'p'
+         AND r.xact OPERATOR(pg_catalog.=) pg_catalog.pg_current_xact_id_if_assigned() THEN
+        -- Rule 7.
+        RETURN ROW('duplicate'::pg_catalog.text, 'pending'::pg_catalog.text, NULL::pg_catalog.jsonb,
+                   r.attempt, r.checkpoint, r.checkpoint_data, NULL::pg_catalog.interval,
+                   r.first_claimed_at, r.expires_at);
+      END IF;
+      IF (r.state OPERATOR(pg_catalog.=) 'c' OR r.state OPERATOR(pg_catalog.=) 'f')
+         AND seen.x OPERATOR(pg_catalog.=) '0'::pg_catalog.xid
+         AND r.expires_at OPERATOR(pg_catalog.>) now
+         AND (r.fingerprint IS NULL OR fingerprint IS NULL
+              OR r.fingerprint OPERATOR(pg_catalog.=) fingerprint) THEN
+        -- Rule 3: nothing written, no transaction id taken.
+        RETURN ROW('replay'::pg_catalog.text,
+                   CASE WHEN r.state OPERATOR(pg_catalog.=) 'c' THEN 'completed'::pg_catalog.text
+                        ELSE 'failed'::pg_catalog.text END,
+                   r.response, r.attempt, r.checkpoint, r.checkpoint_data, NULL::pg_catalog.interval,
+                   r.first_claimed_at, r.expires_at);
+      END IF;
+    END IF;
+  END IF;
+  RETURN idempotency._claim(scope, key, fingerprint, ttl, lease, wait);
 END $$;
 
 ------------------------------------------------------------------------------
@@ -340,22 +435,26 @@ CREATE FUNCTION idem_complete(scope text, key idem_key,
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-  IF scope IS NULL OR key IS NULL OR pg_catalog.octet_length(scope) NOT BETWEEN 1 AND 255 THEN
+  IF scope IS NULL OR key IS NULL OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<) 1
+     OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 255 THEN
     PERFORM idempotency._check_identity(scope, key);
   END IF;
-  IF response IS NOT NULL THEN
-    PERFORM idempotency._check_size(pg_catalog.pg_column_size(response) - 4, 'response');
+  IF response IS NOT NULL
+     AND (pg_catalog.pg_column_size(response) OPERATOR(pg_catalog.>) 1048580
+          OR coalesce(pg_catalog.current_setting('idempotency.max_response_size', true), '')
+             OPERATOR(pg_catalog.<>) '') THEN
+    PERFORM idempotency._check_size(pg_catalog.pg_column_size(response) OPERATOR(pg_catalog.-) 4, 'response');
   END IF;
-  IF pg_catalog.current_setting('transaction_read_only') = 'on' THEN
+  IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
     PERFORM idempotency._check_writable('idem_complete');
   END IF;
-  -- This transaction's own claim: no one else can see or wait for it.
+  -- This transaction's own claim: no other transaction can see it or wait for it.
   UPDATE idempotency.keys k SET xact = pg_catalog.pg_current_xact_id(), state = 'c',
       response = idem_complete.response, lease = NULL, lease_expires_at = NULL
-    WHERE k.role = idempotency._me() AND k.scope = idem_complete.scope
-      AND k.key = idem_complete.key AND k.state = 'p'
-      AND k.xact = pg_catalog.pg_current_xact_id_if_assigned()
-      AND (idem_complete.attempt IS NULL OR k.attempt = idem_complete.attempt);
+    WHERE k.role OPERATOR(pg_catalog.=) idempotency._me() AND k.scope OPERATOR(pg_catalog.=) idem_complete.scope
+      AND k.key OPERATOR(pg_catalog.=) idem_complete.key AND k.state OPERATOR(pg_catalog.=) 'p'
+      AND k.xact OPERATOR(pg_catalog.=) pg_catalog.pg_current_xact_id_if_assigned()
+      AND (idem_complete.attempt IS NULL OR k.attempt OPERATOR(pg_catalog.=) idem_complete.attempt);
   IF NOT FOUND THEN
     PERFORM idempotency._finish(scope, key, 'c', response, NULL, attempt);
   END IF;
@@ -366,21 +465,26 @@ CREATE FUNCTION idem_fail(scope text, key idem_key,
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-  IF scope IS NULL OR key IS NULL OR pg_catalog.octet_length(scope) NOT BETWEEN 1 AND 255 THEN
+  IF scope IS NULL OR key IS NULL OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<) 1
+     OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 255 THEN
     PERFORM idempotency._check_identity(scope, key);
   END IF;
-  IF error IS NOT NULL THEN
-    PERFORM idempotency._check_size(pg_catalog.pg_column_size(error) - 4, 'error');
+  IF error IS NOT NULL
+     AND (pg_catalog.pg_column_size(error) OPERATOR(pg_catalog.>) 1048580
+          OR coalesce(pg_catalog.current_setting('idempotency.max_response_size', true), '')
+             OPERATOR(pg_catalog.<>) '') THEN
+    PERFORM idempotency._check_size(pg_catalog.pg_column_size(error) OPERATOR(pg_catalog.-) 4, 'error');
   END IF;
-  IF pg_catalog.current_setting('transaction_read_only') = 'on' THEN
+  IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
     PERFORM idempotency._check_writable('idem_fail');
   END IF;
+  -- This transaction's own claim: no other transaction can see it or wait for it.
   UPDATE idempotency.keys k SET xact = pg_catalog.pg_current_xact_id(), state = 'f',
       response = idem_fail.error, lease = NULL, lease_expires_at = NULL
-    WHERE k.role = idempotency._me() AND k.scope = idem_fail.scope
-      AND k.key = idem_fail.key AND k.state = 'p'
-      AND k.xact = pg_catalog.pg_current_xact_id_if_assigned()
-      AND (idem_fail.attempt IS NULL OR k.attempt = idem_fail.attempt);
+    WHERE k.role OPERATOR(pg_catalog.=) idempotency._me() AND k.scope OPERATOR(pg_catalog.=) idem_fail.scope
+      AND k.key OPERATOR(pg_catalog.=) idem_fail.key AND k.state OPERATOR(pg_catalog.=) 'p'
+      AND k.xact OPERATOR(pg_catalog.=) pg_catalog.pg_current_xact_id_if_assigned()
+      AND (idem_fail.attempt IS NULL OR k.attempt OPERATOR(pg_catalog.=) idem_fail.attempt);
   IF NOT FOUND THEN
     PERFORM idempotency._finish(scope, key, 'f', error, NULL, attempt);
   END IF;
@@ -390,17 +494,19 @@ CREATE FUNCTION idem_release(scope text, key idem_key, attempt integer DEFAULT N
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-  IF scope IS NULL OR key IS NULL OR pg_catalog.octet_length(scope) NOT BETWEEN 1 AND 255 THEN
+  IF scope IS NULL OR key IS NULL OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<) 1
+     OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 255 THEN
     PERFORM idempotency._check_identity(scope, key);
   END IF;
-  IF pg_catalog.current_setting('transaction_read_only') = 'on' THEN
+  IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
     PERFORM idempotency._check_writable('idem_release');
   END IF;
+  -- This transaction's own claim: no other transaction can see it or wait for it.
   DELETE FROM idempotency.keys k
-    WHERE k.role = idempotency._me() AND k.scope = idem_release.scope
-      AND k.key = idem_release.key AND k.state = 'p'
-      AND k.xact = pg_catalog.pg_current_xact_id_if_assigned()
-      AND (idem_release.attempt IS NULL OR k.attempt = idem_release.attempt);
+    WHERE k.role OPERATOR(pg_catalog.=) idempotency._me() AND k.scope OPERATOR(pg_catalog.=) idem_release.scope
+      AND k.key OPERATOR(pg_catalog.=) idem_release.key AND k.state OPERATOR(pg_catalog.=) 'p'
+      AND k.xact OPERATOR(pg_catalog.=) pg_catalog.pg_current_xact_id_if_assigned()
+      AND (idem_release.attempt IS NULL OR k.attempt OPERATOR(pg_catalog.=) idem_release.attempt);
   IF NOT FOUND THEN
     PERFORM idempotency._finish(scope, key, 'r', NULL, NULL, attempt);
   END IF;
@@ -409,7 +515,7 @@ END $$;
 CREATE FUNCTION idem_checkpoint(scope text, key idem_key,
     point text, data jsonb DEFAULT NULL, attempt integer DEFAULT NULL)
 RETURNS void
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   PERFORM idempotency._check_identity(scope, key);
   IF point IS NULL THEN
@@ -428,10 +534,10 @@ END $$;
 ------------------------------------------------------------------------------
 -- idem_once and idem_once_many: the inbox, a key claimed and completed at once.
 ------------------------------------------------------------------------------
-CREATE FUNCTION idem_once(scope text, key idem_key,
-    ttl interval DEFAULT NULL, wait interval DEFAULT NULL)
+-- The general path of idem_once.
+CREATE FUNCTION idempotency._once(scope text, key text, ttl interval, wait interval)
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   started timestamptz := pg_catalog.clock_timestamp();
   now timestamptz;
@@ -459,7 +565,7 @@ BEGIN
   me := idempotency._me();
   FOR round IN 1 .. 1000 LOOP
     SELECT k AS r, k.xmax AS x INTO seen FROM idempotency.keys k
-      WHERE k.role = me AND k.scope = idem_once.scope AND k.key = idem_once.key;
+      WHERE k.role = me AND k.scope = _once.scope AND k.key = _once.key;
     now := pg_catalog.clock_timestamp();
     IF seen.r IS NULL THEN
       SELECT * INTO attempt_result FROM idempotency._insert_claim(me, scope, key, NULL, now + ttl,
@@ -505,6 +611,67 @@ BEGIN
   END LOOP;
   RAISE EXCEPTION 'idem_once could not settle on the state of key "%" in scope "%"', key, scope
     USING ERRCODE = 'internal_error';
+END $$;
+
+-- idem_once: its fast path as idem_claim's (a new key inserted completed, or a key
+-- already completed or failed, or this transaction's own); the rest in idempotency._once.
+CREATE FUNCTION idem_once(scope text, key idem_key,
+    ttl interval DEFAULT NULL, wait interval DEFAULT NULL)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+  now pg_catalog.timestamptz := pg_catalog.clock_timestamp();
+  me pg_catalog.regrole;
+  seen record;
+  r idempotency.keys;
+  written pg_catalog.int8;
+BEGIN
+  IF wait IS NULL AND scope IS NOT NULL AND key IS NOT NULL
+     AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 0
+     AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255
+     AND (ttl IS NULL OR now OPERATOR(pg_catalog.+) ttl OPERATOR(pg_catalog.>) now)
+     AND (ttl IS NOT NULL
+          OR coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '')
+             OPERATOR(pg_catalog.=) '')
+     AND coalesce(pg_catalog.current_setting('idempotency.wait_timeout', true), '')
+         OPERATOR(pg_catalog.=) ''
+     AND pg_catalog.current_setting('lock_timeout') OPERATOR(pg_catalog.=) '0'
+     AND pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'off' THEN
+    me := idempotency._me();
+    SELECT k AS r, k.xmax AS x INTO seen FROM idempotency.keys k
+      WHERE k.role OPERATOR(pg_catalog.=) me AND k.scope OPERATOR(pg_catalog.=) idem_once.scope
+        AND k.key OPERATOR(pg_catalog.=) idem_once.key;
+    IF seen.r IS NULL THEN
+      BEGIN
+        PERFORM pg_catalog.set_config('lock_timeout', '5000', true);
+        INSERT INTO idempotency.keys (role, attempt, first_claimed_at, expires_at, xact, scope,
+                                      key, state)
+          VALUES (me, 1, now, now OPERATOR(pg_catalog.+)
+                              coalesce(ttl, '24 hours'::pg_catalog.interval),
+                  pg_catalog.pg_current_xact_id(), scope, key, 'c')
+          ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING;
+        GET DIAGNOSTICS written = ROW_COUNT;
+        PERFORM pg_catalog.set_config('lock_timeout', '0', true);
+      EXCEPTION WHEN lock_not_available THEN
+        PERFORM idempotency._raise_in_progress(scope, key);
+      END;
+      IF written OPERATOR(pg_catalog.=) 1 THEN
+        RETURN true;
+      END IF;
+    ELSE
+      r := seen.r;
+      IF r.state OPERATOR(pg_catalog.=) 'p'
+         AND r.xact OPERATOR(pg_catalog.=) pg_catalog.pg_current_xact_id_if_assigned() THEN
+        RETURN false;  -- held by this same transaction
+      END IF;
+      IF (r.state OPERATOR(pg_catalog.=) 'c' OR r.state OPERATOR(pg_catalog.=) 'f')
+         AND seen.x OPERATOR(pg_catalog.=) '0'::pg_catalog.xid
+         AND r.expires_at OPERATOR(pg_catalog.>) now THEN
+        RETURN false;
+      END IF;
+    END IF;
+  END IF;
+  RETURN idempotency._once(scope, key, ttl, wait);
 END $$;
 
 -- The batch's writes, in one subtransaction that waits (bounded): the absent keys
@@ -571,7 +738,7 @@ END $$;
 CREATE FUNCTION idem_once_many(scope text, keys idem_key[],
     ttl interval DEFAULT NULL, wait interval DEFAULT NULL)
 RETURNS boolean[]
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   started timestamptz := pg_catalog.clock_timestamp();
   now timestamptz;
@@ -590,18 +757,17 @@ BEGIN
   IF keys IS NULL THEN
     RAISE EXCEPTION 'keys must not be null' USING ERRCODE = 'null_value_not_allowed';
   END IF;
-  IF pg_catalog.array_position(keys, NULL) IS NOT NULL
-     OR (pg_catalog.array_ndims(keys) > 1 AND EXISTS (SELECT FROM pg_catalog.unnest(keys) e WHERE e IS NULL)) THEN
-    IF pg_catalog.array_ndims(keys) = 1 THEN
-      null_at := pg_catalog.array_position(keys, NULL);
-      RAISE EXCEPTION 'keys must not contain nulls' USING ERRCODE = 'null_value_not_allowed',
-        DETAIL = pg_catalog.format('keys[%s] is null.', null_at);
-    END IF;
-    RAISE EXCEPTION 'keys must not contain nulls' USING ERRCODE = 'null_value_not_allowed';
-  END IF;
   IF pg_catalog.array_ndims(keys) > 1 THEN
+    IF EXISTS (SELECT FROM pg_catalog.unnest(keys) e WHERE e IS NULL) THEN
+      RAISE EXCEPTION 'keys must not contain nulls' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
     RAISE EXCEPTION 'keys must be a one-dimensional array' USING ERRCODE = 'invalid_parameter_value',
       DETAIL = pg_catalog.format('It has %s dimensions.', pg_catalog.array_ndims(keys));
+  END IF;
+  null_at := pg_catalog.array_position(keys, NULL);
+  IF null_at IS NOT NULL THEN
+    RAISE EXCEPTION 'keys must not contain nulls' USING ERRCODE = 'null_value_not_allowed',
+      DETAIL = pg_catalog.format('keys[%s] is null.', null_at);
   END IF;
   PERFORM idempotency._check_name(scope, 'scope');
   IF ttl IS NULL THEN
@@ -691,7 +857,7 @@ END $$;
 ------------------------------------------------------------------------------
 CREATE FUNCTION idem_forget(scope text, key idem_key)
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   started timestamptz := pg_catalog.clock_timestamp();
   now timestamptz;
@@ -750,18 +916,26 @@ RETURNS TABLE(state text, response jsonb, attempt integer, checkpoint text,
               expires_at timestamptz, lease_expires_at timestamptz)
 LANGUAGE plpgsql STABLE ROWS 1 AS $$
 DECLARE
-  now timestamptz := pg_catalog.clock_timestamp();
+  now pg_catalog.timestamptz := pg_catalog.clock_timestamp();
 BEGIN
-  PERFORM idempotency._check_identity(scope, key);
+  IF scope IS NULL OR key IS NULL OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<) 1
+     OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 255 THEN
+    PERFORM idempotency._check_identity(scope, key);
+  END IF;
   RETURN QUERY
-    SELECT CASE k.state WHEN 'p' THEN 'pending' WHEN 'c' THEN 'completed'
-                        WHEN 'f' THEN 'failed' ELSE 'abandoned' END,
+    SELECT CASE WHEN k.state OPERATOR(pg_catalog.=) 'p' THEN 'pending'::pg_catalog.text
+                WHEN k.state OPERATOR(pg_catalog.=) 'c' THEN 'completed'::pg_catalog.text
+                WHEN k.state OPERATOR(pg_catalog.=) 'f' THEN 'failed'::pg_catalog.text
+                ELSE 'abandoned'::pg_catalog.text END,
            k.response, k.attempt, k.checkpoint, k.checkpoint_data, k.first_claimed_at,
            k.expires_at, k.lease_expires_at
       FROM idempotency.keys k
-      WHERE k.role = idempotency._me() AND k.scope = idem_lookup.scope AND k.key = idem_lookup.key
-        AND (k.expires_at > now OR (k.state = 'p' AND k.lease_expires_at > now)
-             OR k.xact = pg_catalog.pg_current_xact_id_if_assigned());
+      WHERE k.role OPERATOR(pg_catalog.=) idempotency._me()
+        AND k.scope OPERATOR(pg_catalog.=) idem_lookup.scope
+        AND k.key OPERATOR(pg_catalog.=) idem_lookup.key
+        AND (k.expires_at OPERATOR(pg_catalog.>) now
+             OR (k.state OPERATOR(pg_catalog.=) 'p' AND k.lease_expires_at OPERATOR(pg_catalog.>) now)
+             OR k.xact OPERATOR(pg_catalog.=) pg_catalog.pg_current_xact_id_if_assigned());
 END $$;
 
 -- node_only: as native (a Citus cluster's nodes); this edition has one node. (SQL, not
@@ -805,33 +979,65 @@ $$;
 -- characters below U+0020 as \u00xx); numbers in plain decimal without trailing
 -- fractional zeros (numeric's output has no exponent; -0 is 0).
 CREATE FUNCTION idempotency._canonical_json(value jsonb) RETURNS text
-LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
+-- (Schema-qualified throughout instead of a SET search_path clause, which would cost
+-- more than the work.) Scalars inside containers are written in place; only nested
+-- containers recurse.
+DECLARE
+  kind pg_catalog.text := pg_catalog.jsonb_typeof(value);
 BEGIN
-  CASE jsonb_typeof(value)
-    WHEN 'object' THEN
-      RETURN '{' || coalesce((SELECT string_agg(to_json(e.key)::text || ':'
-                                                || idempotency._canonical_json(e.value), ','
-                                                ORDER BY e.key COLLATE "C")
-                              FROM jsonb_each(value) e), '') || '}';
-    WHEN 'array' THEN
-      RETURN '[' || coalesce((SELECT string_agg(idempotency._canonical_json(e.value), ','
-                                                ORDER BY e.i)
-                              FROM jsonb_array_elements(value) WITH ORDINALITY AS e(value, i)),
-                             '') || ']';
-    WHEN 'number' THEN
-      RETURN trim_scale(value::numeric)::text;
-    ELSE
-      RETURN value::text;
-  END CASE;
+  IF kind OPERATOR(pg_catalog.=) 'object' THEN
+    RETURN pg_catalog.concat('{',
+      (SELECT pg_catalog.string_agg(pg_catalog.concat(pg_catalog.to_json(e.key)::pg_catalog.text, ':',
+                CASE WHEN pg_catalog.jsonb_typeof(e.value) OPERATOR(pg_catalog.=) 'number'
+                       THEN pg_catalog.trim_scale(e.value::pg_catalog.numeric)::pg_catalog.text
+                     WHEN pg_catalog.jsonb_typeof(e.value) OPERATOR(pg_catalog.=) 'object'
+                          OR pg_catalog.jsonb_typeof(e.value) OPERATOR(pg_catalog.=) 'array'
+                       THEN idempotency._canonical_json(e.value)
+                     ELSE e.value::pg_catalog.text END),
+              ',' ORDER BY e.key COLLATE "C")
+         FROM pg_catalog.jsonb_each(value) e),
+      '}');
+  ELSIF kind OPERATOR(pg_catalog.=) 'array' THEN
+    RETURN pg_catalog.concat('[',
+      (SELECT pg_catalog.string_agg(
+                CASE WHEN pg_catalog.jsonb_typeof(e.value) OPERATOR(pg_catalog.=) 'number'
+                       THEN pg_catalog.trim_scale(e.value::pg_catalog.numeric)::pg_catalog.text
+                     WHEN pg_catalog.jsonb_typeof(e.value) OPERATOR(pg_catalog.=) 'object'
+                          OR pg_catalog.jsonb_typeof(e.value) OPERATOR(pg_catalog.=) 'array'
+                       THEN idempotency._canonical_json(e.value)
+                     ELSE e.value::pg_catalog.text END,
+              ',' ORDER BY e.i)
+         FROM pg_catalog.jsonb_array_elements(value) WITH ORDINALITY AS e(value, i)),
+      ']');
+  ELSIF kind OPERATOR(pg_catalog.=) 'number' THEN
+    RETURN pg_catalog.trim_scale(value::pg_catalog.numeric)::pg_catalog.text;
+  END IF;
+  RETURN value::pg_catalog.text;
 END $$;
 
+-- A flat object (the usual request) is written here in one query; nested containers
+-- through idempotency._canonical_json.
 CREATE FUNCTION idem_fingerprint(jsonb) RETURNS bytea
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 BEGIN
   IF $1 IS NULL THEN
     RAISE EXCEPTION 'the value to fingerprint must not be null' USING ERRCODE = 'null_value_not_allowed';
   END IF;
-  RETURN pg_catalog.sha256(pg_catalog.convert_to(idempotency._canonical_json($1), 'UTF8'));
+  IF pg_catalog.jsonb_typeof($1) OPERATOR(pg_catalog.<>) 'object' THEN
+    RETURN pg_catalog.sha256(pg_catalog.convert_to(idempotency._canonical_json($1), 'UTF8'));
+  END IF;
+  RETURN pg_catalog.sha256(pg_catalog.convert_to(pg_catalog.concat('{',
+      (SELECT pg_catalog.string_agg(pg_catalog.concat(pg_catalog.to_json(e.key)::pg_catalog.text, ':',
+                CASE WHEN pg_catalog.jsonb_typeof(e.value) OPERATOR(pg_catalog.=) 'number'
+                       THEN pg_catalog.trim_scale(e.value::pg_catalog.numeric)::pg_catalog.text
+                     WHEN pg_catalog.jsonb_typeof(e.value) OPERATOR(pg_catalog.=) 'object'
+                          OR pg_catalog.jsonb_typeof(e.value) OPERATOR(pg_catalog.=) 'array'
+                       THEN idempotency._canonical_json(e.value)
+                     ELSE e.value::pg_catalog.text END),
+              ',' ORDER BY e.key COLLATE "C")
+         FROM pg_catalog.jsonb_each($1) e),
+      '}'), 'UTF8'));
 END $$;
 
 CREATE FUNCTION idem_fingerprint(text) RETURNS bytea
@@ -864,6 +1070,6 @@ BEGIN
     RAISE EXCEPTION 'step must not be null' USING ERRCODE = 'null_value_not_allowed';
   END IF;
   RETURN pg_catalog.left(pg_catalog.encode(pg_catalog.sha256(
-           pg_catalog.textsend(root) || '\x00'::bytea || pg_catalog.convert_to(step, 'UTF8')),
-           'hex'), 32);
+           pg_catalog.textsend(root) OPERATOR(pg_catalog.||) '\x00'::pg_catalog.bytea
+           OPERATOR(pg_catalog.||) pg_catalog.convert_to(step, 'UTF8')), 'hex'), 32);
 END $$;

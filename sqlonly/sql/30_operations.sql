@@ -48,6 +48,7 @@ BEGIN
       WHERE k.ctid IN (SELECT e.ctid FROM idempotency.keys e
                        WHERE e.expires_at <= now
                          AND NOT (e.state = 'p' AND e.lease_expires_at > now)
+                         AND e.xact IS DISTINCT FROM pg_current_xact_id_if_assigned()
                        ORDER BY e.expires_at
                        LIMIT budget
                        FOR UPDATE SKIP LOCKED)
