@@ -14,14 +14,14 @@
 ------------------------------------------------------------------------------
 CREATE FUNCTION idempotency._check_claim_finished() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
--- SECURITY DEFINER: the row is found whichever role commits (row-level security would
--- hide it from another). Everything schema-qualified, so no search_path is needed.
+-- Fired for each pending row version an in-transaction claim (or takeover, or a
+-- checkpoint of one) wrote: if that version is still the key's current one, the claim
+-- is unfinished. A completion, failure, release or later checkpoint replaced it (the
+-- version is then dead to this transaction), unless that happened in a subtransaction
+-- that rolled back. SECURITY DEFINER: found whichever role commits (row-level security
+-- would hide it from another); schema-qualified throughout, so no search_path needed.
 BEGIN
-  IF EXISTS (SELECT FROM idempotency.keys k
-             WHERE k.role OPERATOR(pg_catalog.=) NEW.role AND k.scope OPERATOR(pg_catalog.=) NEW.scope
-               AND k.key OPERATOR(pg_catalog.=) NEW.key AND k.state OPERATOR(pg_catalog.=) 'p'
-               AND k.lease IS NULL
-               AND k.xact OPERATOR(pg_catalog.=) pg_catalog.pg_current_xact_id_if_assigned()) THEN
+  IF EXISTS (SELECT FROM idempotency.keys k WHERE k.ctid OPERATOR(pg_catalog.=) NEW.ctid) THEN
     RAISE EXCEPTION 'idempotency key "%" in scope "%" was claimed but not finished', NEW.key, NEW.scope
       USING ERRCODE = 'IK002',
             DETAIL = 'A transaction that claims a key must complete, fail or release it before it commits, so the key is never stored without its work.',
@@ -1016,13 +1016,28 @@ BEGIN
   RETURN value::pg_catalog.text;
 END $$;
 
+-- A flat object (the usual request) is written here in one query; nested containers
+-- through idempotency._canonical_json.
 CREATE FUNCTION idem_fingerprint(jsonb) RETURNS bytea
 LANGUAGE plpgsql IMMUTABLE PARALLEL SAFE AS $$
 BEGIN
   IF $1 IS NULL THEN
     RAISE EXCEPTION 'the value to fingerprint must not be null' USING ERRCODE = 'null_value_not_allowed';
   END IF;
-  RETURN pg_catalog.sha256(pg_catalog.convert_to(idempotency._canonical_json($1), 'UTF8'));
+  IF pg_catalog.jsonb_typeof($1) OPERATOR(pg_catalog.<>) 'object' THEN
+    RETURN pg_catalog.sha256(pg_catalog.convert_to(idempotency._canonical_json($1), 'UTF8'));
+  END IF;
+  RETURN pg_catalog.sha256(pg_catalog.convert_to(pg_catalog.concat('{',
+      (SELECT pg_catalog.string_agg(pg_catalog.concat(pg_catalog.to_json(e.key)::pg_catalog.text, ':',
+                CASE WHEN pg_catalog.jsonb_typeof(e.value) OPERATOR(pg_catalog.=) 'number'
+                       THEN pg_catalog.trim_scale(e.value::pg_catalog.numeric)::pg_catalog.text
+                     WHEN pg_catalog.jsonb_typeof(e.value) OPERATOR(pg_catalog.=) 'object'
+                          OR pg_catalog.jsonb_typeof(e.value) OPERATOR(pg_catalog.=) 'array'
+                       THEN idempotency._canonical_json(e.value)
+                     ELSE e.value::pg_catalog.text END),
+              ',' ORDER BY e.key COLLATE "C")
+         FROM pg_catalog.jsonb_each($1) e),
+      '}'), 'UTF8'));
 END $$;
 
 CREATE FUNCTION idem_fingerprint(text) RETURNS bytea
@@ -1058,3 +1073,20 @@ BEGIN
            pg_catalog.textsend(root) OPERATOR(pg_catalog.||) '\x00'::pg_catalog.bytea
            OPERATOR(pg_catalog.||) pg_catalog.convert_to(step, 'UTF8')), 'hex'), 32);
 END $$;
+
+------------------------------------------------------------------------------
+-- Who may add keys is a matter of EXECUTE grants on idem_claim, idem_once and
+-- idem_once_many (SPEC Security), here too: a role reaches the store directly (its own
+-- rows, through row-level security), so a restrictive policy refuses a new row from a
+-- role that may execute none of the three, however it tries (the functions, the
+-- internal helpers, or an INSERT of its own). The functions are named by OID, fixed
+-- when the policy is made.
+------------------------------------------------------------------------------
+CREATE POLICY keys_added_by_claimers ON idempotency.keys AS RESTRICTIVE FOR INSERT
+  WITH CHECK (
+    pg_catalog.has_function_privilege(
+      'idem_claim(text, idem_key, bytea, interval, interval, interval)'::pg_catalog.regprocedure, 'EXECUTE')
+    OR pg_catalog.has_function_privilege(
+      'idem_once(text, idem_key, interval, interval)'::pg_catalog.regprocedure, 'EXECUTE')
+    OR pg_catalog.has_function_privilege(
+      'idem_once_many(text, idem_key[], interval, interval)'::pg_catalog.regprocedure, 'EXECUTE'));
