@@ -60,8 +60,9 @@
 #        a part;
 #        package is META.json, the derived update script, the Debian package, the
 #        DESTDIR install and how scripts/pg_versions.sh finds
-#        PostgreSQL's sources (test/pg_versions_test.sh) and scripts/citus.sh finds
-#        Citus (test/citus_test.sh); unit is the two ctest runs, the
+#        PostgreSQL's sources (test/pg_versions_test.sh), scripts/citus.sh finds
+#        Citus (test/citus_test.sh) and scripts/sqlonly_deps.sh copies PostgreSQL and
+#        finds pg_tle and pg_cron (test/sqlonly_deps_test.sh); unit is the two ctest runs, the
 #        fingerprint client and fuzz (no PostgreSQL needed, so no PGXS build); style is
 #        format-check, layers-check and lint; sql is regress, isolation, tap and sqlonly
 #        (the SQL-only edition's stage 6).
@@ -414,6 +415,24 @@ check_citus_script() {
   fi
 }
 
+# How scripts/sqlonly_deps.sh copies a PostgreSQL without the native edition and
+# finds, verifies, builds and reuses pg_tle and pg_cron, against stand-ins: one pass or
+# failure per check it prints.
+check_sqlonly_deps_script() {
+  say "package: scripts/sqlonly_deps.sh against stand-ins"
+  local out ok bad status=0
+  out=$(bash "$work/src/test/sqlonly_deps_test.sh" 2>&1) || status=$?
+  echo "$out"
+  ok=$(grep -c '^ok ' <<<"$out" || true)
+  bad=$(grep -c '^not ok ' <<<"$out" || true)
+  if [ "$status" -ne 0 ] && [ "$bad" -eq 0 ]; then bad=1; fi
+  if [ "$ok" -eq 0 ] && [ "$bad" -eq 0 ]; then
+    stage_failed "test/sqlonly_deps_test.sh gave no result"
+  else
+    count "$ok" "$bad"
+  fi
+}
+
 # The Debian package (debian/): built by dpkg-buildpackage from a copy of the source,
 # one postgresql-N-idempotency per PostgreSQL version whose server headers are
 # installed (pg_buildext with PG_SUPPORTED_VERSIONS=installed; debian/control made
@@ -664,6 +683,7 @@ if selected package package; then
   check_update_scripts
   check_pg_versions_script
   check_citus_script
+  check_sqlonly_deps_script
   check_debian_package
 fi
 

@@ -124,9 +124,13 @@ for file in "$sqlonly_expected"/*.out; do
 done
 chown -R postgres: "$out"
 
+# From PostgreSQL 16 on, the expected files are looked for in --expecteddir (default:
+# the current directory), no longer in --inputdir.
+expecteddir=()
+if "$runner" --help 2>/dev/null | grep -q -- '--expecteddir'; then expecteddir=(--expecteddir="$input"); fi
 status=0
 runuser -u postgres -- env PGHOST="$cluster" PGPORT="$port" \
-  "$runner" --inputdir="$input" --outputdir="$out" --bindir="$PG_BIN" --use-existing \
+  "$runner" --inputdir="$input" "${expecteddir[@]}" --outputdir="$out" --bindir="$PG_BIN" --use-existing \
   --dbname="$db" --host="$cluster" --port="$port" "${launcher[@]}" "${tests[@]}" || status=$?
 if grep -qE 'PANIC|TRAP:|terminated by signal' "$cluster/server.log" 2>/dev/null; then
   echo "sqlonly: the server's log shows a crash:" >&2
