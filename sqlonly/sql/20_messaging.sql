@@ -189,7 +189,9 @@ DECLARE
   v_aggregate text := aggregate;
   v_headers jsonb := headers;
   given boolean := event_id IS NOT NULL;
-  v_id text := event_id;
+  -- The id as an idem_key (the argument's own type, which the body cannot name): a
+  -- given id is stored and returned as it came, without checking it again.
+  v_id event_id%TYPE := event_id;
   v_seq bigint;
   payload_bytes bigint;
   max_size bigint;
