@@ -137,6 +137,15 @@ CREATE POLICY keys_own_rows ON idempotency.keys
 REVOKE ALL ON TABLE idempotency.keys FROM PUBLIC;
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE idempotency.keys TO PUBLIC;
 
+-- Installed as an extension (pg_tle), the store's rows go into pg_dump output as the
+-- native edition's do; installed as plain SQL, the table is dumped like any other.
+DO $$
+BEGIN
+  PERFORM pg_catalog.pg_extension_config_dump('idempotency.keys', '');
+EXCEPTION WHEN feature_not_supported THEN
+  NULL;  -- not run by CREATE EXTENSION
+END $$;
+
 ------------------------------------------------------------------------------
 -- The claim result, as native.
 ------------------------------------------------------------------------------
@@ -388,6 +397,10 @@ BEGIN
       RETURNING true INTO inserted;
     RAISE EXCEPTION USING ERRCODE = 'IK999', MESSAGE = coalesce(inserted, false)::text;
   EXCEPTION
+    WHEN insufficient_privilege THEN
+      -- A role that may not add keys (keys_added_by_claimers) cannot probe: it learns
+      -- nothing of others' claims, and has no claim of its own to wait for.
+      RETURN 'absent';
     WHEN lock_not_available THEN
       IF timeout IS NULL THEN
         RAISE;

@@ -1073,3 +1073,20 @@ BEGIN
            pg_catalog.textsend(root) OPERATOR(pg_catalog.||) '\x00'::pg_catalog.bytea
            OPERATOR(pg_catalog.||) pg_catalog.convert_to(step, 'UTF8')), 'hex'), 32);
 END $$;
+
+------------------------------------------------------------------------------
+-- Who may add keys is a matter of EXECUTE grants on idem_claim, idem_once and
+-- idem_once_many (SPEC Security), here too: a role reaches the store directly (its own
+-- rows, through row-level security), so a restrictive policy refuses a new row from a
+-- role that may execute none of the three, however it tries (the functions, the
+-- internal helpers, or an INSERT of its own). The functions are named by OID, fixed
+-- when the policy is made.
+------------------------------------------------------------------------------
+CREATE POLICY keys_added_by_claimers ON idempotency.keys AS RESTRICTIVE FOR INSERT
+  WITH CHECK (
+    pg_catalog.has_function_privilege(
+      'idem_claim(text, idem_key, bytea, interval, interval, interval)'::pg_catalog.regprocedure, 'EXECUTE')
+    OR pg_catalog.has_function_privilege(
+      'idem_once(text, idem_key, interval, interval)'::pg_catalog.regprocedure, 'EXECUTE')
+    OR pg_catalog.has_function_privilege(
+      'idem_once_many(text, idem_key[], interval, interval)'::pg_catalog.regprocedure, 'EXECUTE'));
