@@ -284,6 +284,25 @@ END $$;
 -- smaller, else the caller's, and then raised on.
 ------------------------------------------------------------------------------
 
+-- Subtransactions: a write that may wait runs in one, so that a wait running out is an
+-- answer, not the caller's abort. Each one that writes takes a subtransaction id, and a
+-- transaction with more than 64 of them overflows PostgreSQL's cache of them (every
+-- snapshot on the server gets slower, and each further one costs more). So a
+-- transaction takes at most 48 for the store's writes (counted in a transaction-local
+-- setting); after that, writes run in it directly, and a wait for another transaction
+-- holding the same key is bounded by lock_timeout and the deadlock detector alone.
+CREATE FUNCTION idempotency._take_subtransaction() RETURNS boolean
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  taken integer := coalesce(nullif(current_setting('idempotency.subtransactions', true), ''), '0')::integer;
+BEGIN
+  IF taken >= 48 THEN
+    RETURN false;
+  END IF;
+  PERFORM set_config('idempotency.subtransactions', (taken + 1)::text, true);
+  RETURN true;
+END $$;
+
 -- The wait's bound in ms for `wait` (checked: not negative).
 CREATE FUNCTION idempotency._wait_ms(wait interval) RETURNS bigint
 LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$

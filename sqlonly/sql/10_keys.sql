@@ -55,6 +55,15 @@ DECLARE
   own text;
 BEGIN
   timed_out := false;
+  IF NOT idempotency._take_subtransaction() THEN
+    INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact, scope,
+                                       key, fingerprint, lease, lease_expires_at, state)
+      VALUES (me, 1, now, expires_at, pg_current_xact_id(), scope, key, fingerprint, lease,
+              lease_expires_at, state)
+      ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING
+      RETURNING k.* INTO inserted;
+    RETURN;
+  END IF;
   BEGIN
     IF timeout IS NOT NULL THEN
       own := current_setting('lock_timeout');
@@ -90,6 +99,28 @@ DECLARE
   lease_end timestamptz := now + lease;
 BEGIN
   timed_out := false;
+  IF NOT idempotency._take_subtransaction() THEN
+    UPDATE idempotency.keys k SET
+        attempt = CASE WHEN fresh THEN 1 ELSE k.attempt + 1 END,
+        first_claimed_at = CASE WHEN fresh THEN now ELSE k.first_claimed_at END,
+        expires_at = CASE WHEN fresh THEN greatest(now + ttl, lease_end)
+                          ELSE greatest(k.expires_at, lease_end) END,
+        xact = pg_current_xact_id(),
+        fingerprint = CASE WHEN fresh THEN _take_over.fingerprint
+                           ELSE coalesce(k.fingerprint, _take_over.fingerprint) END,
+        lease = CASE WHEN complete_now THEN NULL ELSE _take_over.lease END,
+        checkpoint = CASE WHEN fresh THEN NULL ELSE k.checkpoint END,
+        checkpoint_data = CASE WHEN fresh THEN NULL ELSE k.checkpoint_data END,
+        lease_expires_at = CASE WHEN complete_now THEN NULL ELSE lease_end END,
+        state = CASE WHEN complete_now THEN 'c' ELSE 'p' END,
+        response = NULL
+      WHERE k.role = r.role AND k.scope = r.scope AND k.key = r.key
+        AND k.attempt = r.attempt AND k.state = r.state
+        AND k.expires_at = r.expires_at
+        AND k.lease_expires_at IS NOT DISTINCT FROM r.lease_expires_at
+      RETURNING k.* INTO taken;
+    RETURN;
+  END IF;
   BEGIN
     IF timeout IS NOT NULL THEN
       own := current_setting('lock_timeout');
@@ -259,6 +290,7 @@ DECLARE
   seen record;
   r idempotency.keys;
   written pg_catalog.int8;
+  taken pg_catalog.int4;
 BEGIN
   IF lease IS NULL AND wait IS NULL AND scope IS NOT NULL AND key IS NOT NULL
      AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 0
@@ -280,8 +312,10 @@ BEGIN
       -- Rule 1. The insert waits for another transaction inserting the key, at most
       -- idempotency.wait_timeout (5 s): in a subtransaction, so that running out is
       -- an answer (in_progress), not the caller's abort.
-      BEGIN
-        PERFORM pg_catalog.set_config('lock_timeout', '5000', true);
+      taken := coalesce(nullif(pg_catalog.current_setting('idempotency.subtransactions', true), ''),
+                        '0')::pg_catalog.int4;
+      IF taken OPERATOR(pg_catalog.>=) 48 THEN
+        -- (idempotency._take_subtransaction: no more subtransactions in this transaction)
         INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact,
                                            scope, key, fingerprint, state)
           VALUES (me, 1, now, now OPERATOR(pg_catalog.+)
@@ -290,14 +324,28 @@ BEGIN
           ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING
           RETURNING k.* INTO r;
         GET DIAGNOSTICS written = ROW_COUNT;
-        PERFORM pg_catalog.set_config('lock_timeout', '0', true);
-      EXCEPTION WHEN lock_not_available THEN
-        RETURN ROW('in_progress'::pg_catalog.text, 'pending'::pg_catalog.text, NULL::pg_catalog.jsonb,
-                   1, NULL::pg_catalog.text, NULL::pg_catalog.jsonb,
-                   greatest(pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) now,
-                                       '100 ms'::pg_catalog.interval),
-                   NULL::pg_catalog.timestamptz, NULL::pg_catalog.timestamptz);
-      END;
+      ELSE
+        PERFORM pg_catalog.set_config('idempotency.subtransactions',
+                                      (taken OPERATOR(pg_catalog.+) 1)::pg_catalog.text, true);
+        BEGIN
+          PERFORM pg_catalog.set_config('lock_timeout', '5000', true);
+          INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact,
+                                             scope, key, fingerprint, state)
+            VALUES (me, 1, now, now OPERATOR(pg_catalog.+)
+                                coalesce(ttl, '24 hours'::pg_catalog.interval),
+                    pg_catalog.pg_current_xact_id(), scope, key, fingerprint, 'p')
+            ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING
+            RETURNING k.* INTO r;
+          GET DIAGNOSTICS written = ROW_COUNT;
+          PERFORM pg_catalog.set_config('lock_timeout', '0', true);
+        EXCEPTION WHEN lock_not_available THEN
+          RETURN ROW('in_progress'::pg_catalog.text, 'pending'::pg_catalog.text, NULL::pg_catalog.jsonb,
+                     1, NULL::pg_catalog.text, NULL::pg_catalog.jsonb,
+                     greatest(pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) now,
+                                         '100 ms'::pg_catalog.interval),
+                     NULL::pg_catalog.timestamptz, NULL::pg_catalog.timestamptz);
+        END;
+      END IF;
       IF written OPERATOR(pg_catalog.=) 1 THEN
         RETURN ROW('claimed'::pg_catalog.text, 'pending'::pg_catalog.text, NULL::pg_catalog.jsonb,
                    1, NULL::pg_catalog.text, NULL::pg_catalog.jsonb, NULL::pg_catalog.interval,
@@ -625,6 +673,7 @@ DECLARE
   seen record;
   r idempotency.keys;
   written pg_catalog.int8;
+  taken pg_catalog.int4;
 BEGIN
   IF wait IS NULL AND scope IS NOT NULL AND key IS NOT NULL
      AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 0
@@ -642,8 +691,10 @@ BEGIN
       WHERE k.role OPERATOR(pg_catalog.=) me AND k.scope OPERATOR(pg_catalog.=) idem_once.scope
         AND k.key OPERATOR(pg_catalog.=) idem_once.key;
     IF seen.r IS NULL THEN
-      BEGIN
-        PERFORM pg_catalog.set_config('lock_timeout', '5000', true);
+      taken := coalesce(nullif(pg_catalog.current_setting('idempotency.subtransactions', true), ''),
+                        '0')::pg_catalog.int4;
+      IF taken OPERATOR(pg_catalog.>=) 48 THEN
+        -- (idempotency._take_subtransaction: no more subtransactions in this transaction)
         INSERT INTO idempotency.keys (role, attempt, first_claimed_at, expires_at, xact, scope,
                                       key, state)
           VALUES (me, 1, now, now OPERATOR(pg_catalog.+)
@@ -651,10 +702,23 @@ BEGIN
                   pg_catalog.pg_current_xact_id(), scope, key, 'c')
           ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING;
         GET DIAGNOSTICS written = ROW_COUNT;
-        PERFORM pg_catalog.set_config('lock_timeout', '0', true);
-      EXCEPTION WHEN lock_not_available THEN
-        PERFORM idempotency._raise_in_progress(scope, key);
-      END;
+      ELSE
+        PERFORM pg_catalog.set_config('idempotency.subtransactions',
+                                      (taken OPERATOR(pg_catalog.+) 1)::pg_catalog.text, true);
+        BEGIN
+          PERFORM pg_catalog.set_config('lock_timeout', '5000', true);
+          INSERT INTO idempotency.keys (role, attempt, first_claimed_at, expires_at, xact, scope,
+                                        key, state)
+            VALUES (me, 1, now, now OPERATOR(pg_catalog.+)
+                                coalesce(ttl, '24 hours'::pg_catalog.interval),
+                    pg_catalog.pg_current_xact_id(), scope, key, 'c')
+            ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING;
+          GET DIAGNOSTICS written = ROW_COUNT;
+          PERFORM pg_catalog.set_config('lock_timeout', '0', true);
+        EXCEPTION WHEN lock_not_available THEN
+          PERFORM idempotency._raise_in_progress(scope, key);
+        END;
+      END IF;
       IF written OPERATOR(pg_catalog.=) 1 THEN
         RETURN true;
       END IF;
@@ -690,6 +754,38 @@ DECLARE
   taken text[];
 BEGIN
   timed_out := false;
+  IF NOT idempotency._take_subtransaction() THEN
+    cur := pg_current_xact_id();
+    IF cardinality(absent) > 0 THEN
+      WITH ins AS (
+        INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact,
+                                           scope, key, state)
+          SELECT me, 1, now, now + ttl, cur, _once_many_write.scope, a.key, 'c'
+            FROM unnest(absent) AS a(key) ORDER BY a.key COLLATE "C"
+          ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING
+          RETURNING k.key)
+      SELECT array_agg(ins.key) INTO inserted FROM ins;
+    END IF;
+    IF cardinality(takeable) > 0 THEN
+      WITH upd AS (
+        UPDATE idempotency.keys k SET
+            attempt = CASE WHEN k.expires_at <= now THEN 1 ELSE k.attempt + 1 END,
+            first_claimed_at = CASE WHEN k.expires_at <= now THEN now ELSE k.first_claimed_at END,
+            expires_at = CASE WHEN k.expires_at <= now THEN now + ttl ELSE k.expires_at END,
+            fingerprint = CASE WHEN k.expires_at <= now THEN NULL ELSE k.fingerprint END,
+            checkpoint = CASE WHEN k.expires_at <= now THEN NULL ELSE k.checkpoint END,
+            checkpoint_data = CASE WHEN k.expires_at <= now THEN NULL ELSE k.checkpoint_data END,
+            xact = cur, lease = NULL, lease_expires_at = NULL, state = 'c', response = NULL
+          WHERE k.role = me AND k.scope = _once_many_write.scope AND k.key = ANY(takeable)
+            AND k.xact IS DISTINCT FROM cur
+            AND NOT (k.state = 'p' AND k.lease_expires_at > now)
+            AND (k.state IN ('a', 'p') OR k.expires_at <= now)
+          RETURNING k.key)
+      SELECT array_agg(upd.key) INTO taken FROM upd;
+    END IF;
+    applied := coalesce(inserted, '{}') || coalesce(taken, '{}');
+    RETURN;
+  END IF;
   BEGIN
     IF timeout IS NOT NULL THEN
       own := current_setting('lock_timeout');
