@@ -89,6 +89,18 @@ CREATE POLICY applied_versions_own_rows ON idempotency.applied_versions
   WITH CHECK (role OPERATOR(pg_catalog.=) idempotency._me());
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE idempotency.applied_versions TO PUBLIC;
 
+-- Installed as an extension (pg_tle), the rows go into pg_dump output as the native
+-- edition's do; installed as plain SQL, the tables are dumped like any other.
+DO $$
+BEGIN
+  PERFORM pg_catalog.pg_extension_config_dump('idempotency.outbox', '');
+  PERFORM pg_catalog.pg_extension_config_dump('idempotency.outbox_aggregates', '');
+  PERFORM pg_catalog.pg_extension_config_dump('idempotency.applied_versions', '');
+  PERFORM pg_catalog.pg_extension_config_dump('idempotency.outbox_position', '');
+EXCEPTION WHEN feature_not_supported THEN
+  NULL;  -- not run by CREATE EXTENSION
+END $$;
+
 ------------------------------------------------------------------------------
 -- Shared by the functions below.
 ------------------------------------------------------------------------------
