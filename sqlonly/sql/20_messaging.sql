@@ -89,6 +89,18 @@ CREATE POLICY applied_versions_own_rows ON idempotency.applied_versions
   WITH CHECK (role OPERATOR(pg_catalog.=) idempotency._me());
 GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE idempotency.applied_versions TO PUBLIC;
 
+-- Installed as an extension (pg_tle), the rows go into pg_dump output as the native
+-- edition's do; installed as plain SQL, the tables are dumped like any other.
+DO $$
+BEGIN
+  PERFORM pg_catalog.pg_extension_config_dump('idempotency.outbox', '');
+  PERFORM pg_catalog.pg_extension_config_dump('idempotency.outbox_aggregates', '');
+  PERFORM pg_catalog.pg_extension_config_dump('idempotency.applied_versions', '');
+  PERFORM pg_catalog.pg_extension_config_dump('idempotency.outbox_position', '');
+EXCEPTION WHEN feature_not_supported THEN
+  NULL;  -- not run by CREATE EXTENSION
+END $$;
+
 ------------------------------------------------------------------------------
 -- Shared by the functions below.
 ------------------------------------------------------------------------------
@@ -157,6 +169,25 @@ BEGIN
 END $$;
 REVOKE ALL ON FUNCTION idempotency._event_id_probe(text) FROM PUBLIC;
 
+-- idem_apply_version's scope, entity and version: raises the first one wrong, in the
+-- native order (22004, then 22023).
+CREATE FUNCTION idempotency._check_apply_arguments(scope text, entity text, version bigint)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF scope IS NULL THEN
+    RAISE EXCEPTION 'scope must not be null' USING ERRCODE = 'null_value_not_allowed';
+  END IF;
+  IF entity IS NULL THEN
+    RAISE EXCEPTION 'entity must not be null' USING ERRCODE = 'null_value_not_allowed';
+  END IF;
+  IF version IS NULL THEN
+    RAISE EXCEPTION 'version must not be null' USING ERRCODE = 'null_value_not_allowed';
+  END IF;
+  PERFORM idempotency._check_name(scope, 'scope');
+  PERFORM idempotency._check_name(entity, 'entity');
+END $$;
+
 ------------------------------------------------------------------------------
 -- idem_emit
 ------------------------------------------------------------------------------
@@ -170,29 +201,44 @@ DECLARE
   v_aggregate text := aggregate;
   v_headers jsonb := headers;
   given boolean := event_id IS NOT NULL;
-  v_id text := event_id;
+  -- The id as an idem_key (the argument's own type, which the body cannot name): a
+  -- given id is stored and returned as it came, without checking it again.
+  v_id event_id%TYPE := event_id;
   v_seq bigint;
   payload_bytes bigint;
+  max_size bigint;
   started timestamptz;
   wait_ms bigint;
   timeout text;
   own text;
   waiting_for text;
 BEGIN
-  -- Arguments, in the native order; then 25006, before anything is read.
-  PERFORM idempotency._check_name(v_topic, 'topic');
+  -- Arguments, in the native order; then 25006, before anything is read. (Checked
+  -- here, and the helpers called only to raise: each call of a function with a SET
+  -- clause costs about as much as the emit's insert.)
+  IF v_topic IS NULL OR octet_length(v_topic) NOT BETWEEN 1 AND 255 THEN
+    PERFORM idempotency._check_name(v_topic, 'topic');
+  END IF;
   IF v_payload IS NULL THEN
     RAISE EXCEPTION 'payload must not be null' USING ERRCODE = 'null_value_not_allowed';
   END IF;
+  max_size := CASE WHEN coalesce(current_setting('idempotency.max_response_size', true), '') = ''
+                   THEN 1048576
+                   ELSE idempotency._setting('idempotency.max_response_size', 'B', 1048576) END;
   payload_bytes := idempotency._jsonb_bytes(v_payload);
-  PERFORM idempotency._check_size(payload_bytes, 'payload');
-  IF v_aggregate IS NOT NULL THEN
+  IF payload_bytes > max_size THEN
+    PERFORM idempotency._check_size(payload_bytes, 'payload');
+  END IF;
+  IF v_aggregate IS NOT NULL AND octet_length(v_aggregate) NOT BETWEEN 1 AND 255 THEN
     PERFORM idempotency._check_name(v_aggregate, 'aggregate');
   END IF;
-  IF v_headers IS NOT NULL THEN
+  IF v_headers IS NOT NULL
+     AND payload_bytes + idempotency._jsonb_bytes(v_headers) > max_size THEN
     PERFORM idempotency._check_headers_size(payload_bytes, v_headers);
   END IF;
-  PERFORM idempotency._check_writable('idem_emit');
+  IF current_setting('transaction_read_only') = 'on' THEN
+    PERFORM idempotency._check_writable('idem_emit');
+  END IF;
 
   IF given THEN
     -- At most one event per id: one stored (committed, or by this transaction), in any
@@ -232,11 +278,16 @@ BEGIN
   -- counter first, holding nothing (its holder may be about to emit this id), then for
   -- the id.
   started := clock_timestamp();
-  wait_ms := idempotency._wait_ms(NULL);
   BEGIN
-    timeout := idempotency._lock_timeout(wait_ms);
+    own := current_setting('lock_timeout');
+    IF own = '0' AND coalesce(current_setting('idempotency.wait_timeout', true), '') = '' THEN
+      wait_ms := 5000;  -- the defaults
+      timeout := '5000';
+    ELSE
+      wait_ms := idempotency._wait_ms(NULL);
+      timeout := idempotency._lock_timeout(wait_ms);
+    END IF;
     IF timeout IS NOT NULL THEN
-      own := current_setting('lock_timeout');
       PERFORM set_config('lock_timeout', timeout, true);
     END IF;
     IF v_aggregate IS NOT NULL AND v_seq IS NULL THEN
@@ -264,7 +315,7 @@ BEGIN
       UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq - 1
         WHERE a.topic = v_topic AND a.aggregate = v_aggregate;
     END IF;
-    IF own IS NOT NULL THEN
+    IF timeout IS NOT NULL THEN
       PERFORM set_config('lock_timeout', own, true);
     END IF;
   EXCEPTION WHEN lock_not_available THEN
@@ -563,72 +614,86 @@ REVOKE ALL ON FUNCTION idem_outbox_claim(text, integer, interval, text[]),
 ------------------------------------------------------------------------------
 -- idem_apply_version
 ------------------------------------------------------------------------------
+-- Runs as its caller: row-level security keeps it to the caller's records. No SET
+-- clause (each call of a function with one costs about as much as the call's own
+-- work): every type, operator and function is schema-qualified instead.
 CREATE FUNCTION idem_apply_version(scope text, entity text, version bigint,
                                    ttl interval DEFAULT NULL)
 RETURNS boolean
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-  v_scope text := scope;
-  v_entity text := entity;
-  v_version bigint := version;
-  v_ttl interval := ttl;
-  v_now timestamptz := clock_timestamp();
-  me regrole;
-  mine xid8;
+  v_scope pg_catalog.text := scope;
+  v_entity pg_catalog.text := entity;
+  v_version pg_catalog.int8 := version;
+  v_ttl pg_catalog.interval := ttl;
+  v_now pg_catalog.timestamptz := pg_catalog.clock_timestamp();
+  me pg_catalog.regrole;
+  mine pg_catalog.xid8;
   r record;
-  applied boolean;
-  timeout text;
-  own text;
+  applied pg_catalog.bool;
+  timeout pg_catalog.text;
+  own pg_catalog.text;
 BEGIN
   -- Arguments, in the native order; then 25006, before anything is read.
-  IF v_scope IS NULL THEN
-    RAISE EXCEPTION 'scope must not be null' USING ERRCODE = 'null_value_not_allowed';
+  IF v_scope IS NULL OR v_entity IS NULL OR v_version IS NULL
+     OR pg_catalog.octet_length(v_scope) OPERATOR(pg_catalog.<) 1
+     OR pg_catalog.octet_length(v_scope) OPERATOR(pg_catalog.>) 255
+     OR pg_catalog.octet_length(v_entity) OPERATOR(pg_catalog.<) 1
+     OR pg_catalog.octet_length(v_entity) OPERATOR(pg_catalog.>) 255 THEN
+    PERFORM idempotency._check_apply_arguments(v_scope, v_entity, v_version);
   END IF;
-  IF v_entity IS NULL THEN
-    RAISE EXCEPTION 'entity must not be null' USING ERRCODE = 'null_value_not_allowed';
-  END IF;
-  IF v_version IS NULL THEN
-    RAISE EXCEPTION 'version must not be null' USING ERRCODE = 'null_value_not_allowed';
-  END IF;
-  PERFORM idempotency._check_name(v_scope, 'scope');
-  PERFORM idempotency._check_name(v_entity, 'entity');
   IF v_ttl IS NULL THEN
-    v_ttl := idempotency._default_ttl();
-  ELSIF v_now + v_ttl <= v_now THEN
+    v_ttl := CASE WHEN coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '')
+                       OPERATOR(pg_catalog.=) ''
+                  THEN '24 hours'::pg_catalog.interval
+                  ELSE idempotency._default_ttl() END;
+  ELSIF v_now OPERATOR(pg_catalog.+) v_ttl OPERATOR(pg_catalog.<=) v_now THEN
     RAISE EXCEPTION 'ttl must be positive' USING ERRCODE = 'invalid_parameter_value';
   END IF;
-  PERFORM idempotency._check_writable('idem_apply_version');
+  IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
+    PERFORM idempotency._check_writable('idem_apply_version');
+  END IF;
 
   me := idempotency._me();
   -- A duplicate or older version of a live record is skipped without a write or a
   -- wait: whatever another transaction writing the record now leaves, it is not below
   -- what is seen here. A record is live until it expires, and whatever its expires_at
   -- while the transaction that wrote it, this one, is in progress.
-  mine := pg_current_xact_id_if_assigned();
+  mine := pg_catalog.pg_current_xact_id_if_assigned();
   SELECT a.version, a.expires_at, a.xact INTO r FROM idempotency.applied_versions a
-    WHERE a.role = me AND a.scope = v_scope AND a.entity = v_entity;
-  IF FOUND AND (r.expires_at > v_now OR coalesce(r.xact = mine, false))
-     AND r.version >= v_version THEN
+    WHERE a.role OPERATOR(pg_catalog.=) me AND a.scope OPERATOR(pg_catalog.=) v_scope
+      AND a.entity OPERATOR(pg_catalog.=) v_entity;
+  IF FOUND AND (r.expires_at OPERATOR(pg_catalog.>) v_now
+                OR coalesce(r.xact OPERATOR(pg_catalog.=) mine, false))
+     AND r.version OPERATOR(pg_catalog.>=) v_version THEN
     RETURN false;
   END IF;
 
   -- Record it, deciding on the newest version of the record: waits (bounded) for
-  -- another transaction writing it.
+  -- another transaction writing it, in the one subtransaction.
   BEGIN
-    timeout := idempotency._lock_timeout(idempotency._wait_ms(NULL));
+    own := pg_catalog.current_setting('lock_timeout');
+    IF own OPERATOR(pg_catalog.=) '0'
+       AND coalesce(pg_catalog.current_setting('idempotency.wait_timeout', true), '')
+           OPERATOR(pg_catalog.=) '' THEN
+      timeout := '5000';  -- the defaults
+    ELSE
+      timeout := idempotency._lock_timeout(idempotency._wait_ms(NULL));
+    END IF;
     IF timeout IS NOT NULL THEN
-      own := current_setting('lock_timeout');
-      PERFORM set_config('lock_timeout', timeout, true);
+      PERFORM pg_catalog.set_config('lock_timeout', timeout, true);
     END IF;
     INSERT INTO idempotency.applied_versions AS a (role, expires_at, version, scope, entity, xact)
-      VALUES (me, v_now + v_ttl, v_version, v_scope, v_entity, pg_current_xact_id())
+      VALUES (me, v_now OPERATOR(pg_catalog.+) v_ttl, v_version, v_scope, v_entity,
+              pg_catalog.pg_current_xact_id())
       ON CONFLICT ON CONSTRAINT applied_versions_pkey DO UPDATE
         SET expires_at = excluded.expires_at, version = excluded.version, xact = excluded.xact
-        WHERE NOT ((a.expires_at > v_now OR a.xact = excluded.xact)
-                   AND a.version >= excluded.version)
+        WHERE NOT ((a.expires_at OPERATOR(pg_catalog.>) v_now
+                    OR a.xact OPERATOR(pg_catalog.=) excluded.xact)
+                   AND a.version OPERATOR(pg_catalog.>=) excluded.version)
       RETURNING true INTO applied;
-    IF own IS NOT NULL THEN
-      PERFORM set_config('lock_timeout', own, true);
+    IF timeout IS NOT NULL THEN
+      PERFORM pg_catalog.set_config('lock_timeout', own, true);
     END IF;
   EXCEPTION WHEN lock_not_available THEN
     IF timeout IS NULL THEN
