@@ -297,6 +297,8 @@ DECLARE
   r idempotency.keys;
   written pg_catalog.int8;
   taken pg_catalog.int4;
+  own_timeout pg_catalog.text;
+  ours boolean;
 BEGIN
   IF lease IS NULL AND wait IS NULL AND scope IS NOT NULL AND key IS NOT NULL
      AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 0
@@ -308,7 +310,6 @@ BEGIN
              OPERATOR(pg_catalog.=) '')
      AND coalesce(pg_catalog.current_setting('idempotency.wait_timeout', true), '')
          OPERATOR(pg_catalog.=) ''
-     AND pg_catalog.current_setting('lock_timeout') OPERATOR(pg_catalog.=) '0'
      AND pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'off' THEN
     me := idempotency._me();
     SELECT k AS r, k.xmax AS x INTO seen FROM idempotency.keys k
@@ -334,7 +335,14 @@ BEGIN
         PERFORM pg_catalog.set_config('idempotency.subtransactions',
                                       (taken OPERATOR(pg_catalog.+) 1)::pg_catalog.text, true);
         BEGIN
-          PERFORM pg_catalog.set_config('lock_timeout', '5000', true);
+          -- The bound: 5 s, or the caller's own lock_timeout when shorter (its 55P03
+          -- is then the caller's, raised on).
+          own_timeout := pg_catalog.current_setting('lock_timeout');
+          ours := own_timeout OPERATOR(pg_catalog.=) '0'
+                  OR own_timeout::pg_catalog.interval OPERATOR(pg_catalog.>) '5 s'::pg_catalog.interval;
+          IF ours THEN
+            PERFORM pg_catalog.set_config('lock_timeout', '5000', true);
+          END IF;
           INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact,
                                              scope, key, fingerprint, state)
             VALUES (me, 1, now, now OPERATOR(pg_catalog.+)
@@ -343,8 +351,13 @@ BEGIN
             ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING
             RETURNING k.* INTO r;
           GET DIAGNOSTICS written = ROW_COUNT;
-          PERFORM pg_catalog.set_config('lock_timeout', '0', true);
+          IF ours THEN
+            PERFORM pg_catalog.set_config('lock_timeout', own_timeout, true);
+          END IF;
         EXCEPTION WHEN lock_not_available THEN
+          IF NOT ours THEN
+            RAISE;
+          END IF;
           RETURN ROW('in_progress'::pg_catalog.text, 'pending'::pg_catalog.text, NULL::pg_catalog.jsonb,
                      1, NULL::pg_catalog.text, NULL::pg_catalog.jsonb,
                      greatest(pg_catalog.clock_timestamp() OPERATOR(pg_catalog.-) now,
@@ -684,6 +697,8 @@ DECLARE
   r idempotency.keys;
   written pg_catalog.int8;
   taken pg_catalog.int4;
+  own_timeout pg_catalog.text;
+  ours boolean;
 BEGIN
   IF wait IS NULL AND scope IS NOT NULL AND key IS NOT NULL
      AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 0
@@ -694,7 +709,6 @@ BEGIN
              OPERATOR(pg_catalog.=) '')
      AND coalesce(pg_catalog.current_setting('idempotency.wait_timeout', true), '')
          OPERATOR(pg_catalog.=) ''
-     AND pg_catalog.current_setting('lock_timeout') OPERATOR(pg_catalog.=) '0'
      AND pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'off' THEN
     me := idempotency._me();
     SELECT k AS r, k.xmax AS x INTO seen FROM idempotency.keys k
@@ -716,7 +730,14 @@ BEGIN
         PERFORM pg_catalog.set_config('idempotency.subtransactions',
                                       (taken OPERATOR(pg_catalog.+) 1)::pg_catalog.text, true);
         BEGIN
-          PERFORM pg_catalog.set_config('lock_timeout', '5000', true);
+          -- The bound: 5 s, or the caller's own lock_timeout when shorter (its 55P03
+          -- is then the caller's, raised on).
+          own_timeout := pg_catalog.current_setting('lock_timeout');
+          ours := own_timeout OPERATOR(pg_catalog.=) '0'
+                  OR own_timeout::pg_catalog.interval OPERATOR(pg_catalog.>) '5 s'::pg_catalog.interval;
+          IF ours THEN
+            PERFORM pg_catalog.set_config('lock_timeout', '5000', true);
+          END IF;
           INSERT INTO idempotency.keys (role, attempt, first_claimed_at, expires_at, xact, scope,
                                         key, state)
             VALUES (me, 1, now, now OPERATOR(pg_catalog.+)
@@ -724,8 +745,13 @@ BEGIN
                     pg_catalog.pg_current_xact_id(), scope, key, 'c')
             ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING;
           GET DIAGNOSTICS written = ROW_COUNT;
-          PERFORM pg_catalog.set_config('lock_timeout', '0', true);
+          IF ours THEN
+            PERFORM pg_catalog.set_config('lock_timeout', own_timeout, true);
+          END IF;
         EXCEPTION WHEN lock_not_available THEN
+          IF NOT ours THEN
+            RAISE;
+          END IF;
           PERFORM idempotency._raise_in_progress(scope, key);
         END;
       END IF;
