@@ -36,8 +36,13 @@ BEGIN
 END $$;
 REVOKE ALL ON FUNCTION idempotency._check_claim_finished() FROM PUBLIC;
 
+-- Queued by every insert of a pending claim, and by the updates that write a claim's
+-- new version (a takeover sets attempt, a checkpoint sets checkpoint); not by a
+-- completion or failure (their rows are no longer pending): an UPDATE that sets none of
+-- those columns does not even evaluate the WHEN clause, which PostgreSQL reads from the
+-- catalog again for every statement.
 CREATE CONSTRAINT TRIGGER keys_claim_finished
-  AFTER INSERT OR UPDATE ON idempotency.keys
+  AFTER INSERT OR UPDATE OF attempt, checkpoint ON idempotency.keys
   DEFERRABLE INITIALLY DEFERRED
   FOR EACH ROW WHEN (NEW.state = 'p' AND NEW.lease IS NULL)
   EXECUTE FUNCTION idempotency._check_claim_finished();
