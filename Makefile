@@ -102,3 +102,8 @@ layers-check:
 	test/check_layers.sh
 lint: compile_commands.json
 	clang-tidy -p . --quiet $(CXX_SOURCES)
+
+# make sql-only: the SQL-only edition's two files under dist/ (sqlonly/README.md).
+.PHONY: sql-only
+sql-only:
+	sqlonly/build.sh

@@ -34,6 +34,21 @@
 #      (test/t/024_pg_upgrade.pl) upgrades from the last version 17 or later that this
 #      run installed the extension into before (17 to 18, 18 to 19); where there is
 #      none (15, 17 first, a version tested alone), "not run: 024_pg_upgrade.pl (why)".
+#   6. for each PostgreSQL version of PG_VERSIONS, the SQL-only edition (sqlonly/,
+#      docs/sql-only.md) as a user installs it: `make sql-only` once (dist/), then a
+#      copy of that PostgreSQL without the native edition's files, with pg_tle and
+#      pg_cron installed in it (scripts/sqlonly_deps.sh: built once per PostgreSQL build
+#      from PG_TLE_SOURCE_DIR/pg_tle-*.tar.gz and PG_CRON_SOURCE_DIR/pg_cron-*.tar.gz,
+#      sha256-pinned, or their cache); in a server of that copy the pg_tle installer run
+#      by a member of pgtle_admin, then REGRESS and ISOLATION against it with the native
+#      expected outputs except test/sqlonly/expected/ and
+#      test/sqlonly/isolation/expected/ (test/sqlonly/run.sh), each test one pass or
+#      failure; then the TAP tests of test/sqlonly/t/ (installing through pg_tle and
+#      as plain SQL by roles without superuser, updates, pg_cron reaping on schedule,
+#      a load with a crash, another role's keys, amcheck), each assertion one pass or
+#      failure. Without a pg_tle or pg_cron source a line "not run: ... (why)" names
+#      the tests that need it, counted neither way (one that fails to build counts as
+#      failed).
 #
 # It ends with exactly one line "N passed, N failed", counting ctest tests, fuzz
 # targets, pg_regress and isolation tests, and TAP assertions (a TODO assertion that
@@ -41,19 +56,25 @@
 # build or run counts as failed, never as nothing. The exit status is non-zero when
 # anything failed.
 #
-#   ONLY=package|unit|fuzz|style|sql|regress|isolation|tap (comma-separated) runs a part;
+#   ONLY=package|unit|fuzz|style|sql|regress|isolation|tap|sqlonly (comma-separated) runs
+#        a part;
 #        package is META.json, the derived update script, the Debian package, the
 #        DESTDIR install and how scripts/pg_versions.sh finds
-#        PostgreSQL's sources (test/pg_versions_test.sh) and scripts/citus.sh finds
-#        Citus (test/citus_test.sh); unit is the two ctest runs, the
+#        PostgreSQL's sources (test/pg_versions_test.sh), scripts/citus.sh finds
+#        Citus (test/citus_test.sh) and scripts/sqlonly_deps.sh copies PostgreSQL and
+#        finds pg_tle and pg_cron (test/sqlonly_deps_test.sh); unit is the two ctest runs, the
 #        fingerprint client and fuzz (no PostgreSQL needed, so no PGXS build); style is
-#        format-check, layers-check and lint; sql is regress, isolation and tap.
+#        format-check, layers-check and lint; sql is regress, isolation, tap and sqlonly
+#        (the SQL-only edition's stage 6).
 #   PG_VERSIONS=15,18  the PostgreSQL versions the SQL, isolation and TAP tests run on
 #                      (default 15,17,18,19; 17 and up are built once from Debian's
 #                      source packages and cached, see scripts/pg_versions.sh).
 #   TAP_ONLY=017_citus.pl,001_concurrency.pl  runs only these TAP test files.
 #   CITUS_SOURCE_DIR=../shared/vendor  where citus-VERSION.tar.gz is (relative to the
 #                      repository root); or CITUS_TARBALL=path (scripts/citus.sh).
+#   PG_TLE_SOURCE_DIR=../shared/vendor, PG_CRON_SOURCE_DIR=../shared/vendor  where
+#                      pg_tle-VERSION.tar.gz and pg_cron-VERSION.tar.gz are (or
+#                      PG_TLE_TARBALL, PG_CRON_TARBALL: scripts/sqlonly_deps.sh).
 #   FUZZ_SECONDS=600   fuzzes longer.
 #   KEEP=1             keeps the temporary directory (logs, build trees) for a look.
 set -euo pipefail
@@ -61,13 +82,18 @@ cd "$(dirname "$0")/.."
 . scripts/lib.sh
 . scripts/pg_versions.sh
 . scripts/citus.sh
+. scripts/sqlonly_deps.sh
 # Given relative to the repository root (as .ci/run does); the tests run elsewhere.
-if [ -n "${CITUS_SOURCE_DIR:-}" ] && [ -d "$CITUS_SOURCE_DIR" ]; then
-  CITUS_SOURCE_DIR=$(realpath "$CITUS_SOURCE_DIR")
-fi
-if [ -n "${CITUS_TARBALL:-}" ] && [ -f "$CITUS_TARBALL" ]; then
-  CITUS_TARBALL=$(realpath "$CITUS_TARBALL")
-fi
+for variable in CITUS_SOURCE_DIR PG_TLE_SOURCE_DIR PG_CRON_SOURCE_DIR; do
+  if [ -n "${!variable:-}" ] && [ -d "${!variable}" ]; then
+    declare "$variable=$(realpath "${!variable}")"
+  fi
+done
+for variable in CITUS_TARBALL PG_TLE_TARBALL PG_CRON_TARBALL; do
+  if [ -n "${!variable:-}" ] && [ -f "${!variable}" ]; then
+    declare "$variable=$(realpath "${!variable}")"
+  fi
+done
 
 # The Citus tests, for the line that says they did not run.
 citus_tests=$(grep -l 'IdemCitus::require_citus' test/t/*.pl | xargs -n1 basename | paste -sd, |
@@ -196,8 +222,8 @@ check_only() {
   local item
   for item in ${ONLY//,/ }; do
     case $item in
-      all | package | unit | fuzz | style | sql | regress | isolation | tap) ;;
-      *) stage_failed "ONLY=$ONLY: '$item' is none of package, unit, fuzz, style, sql, regress, isolation, tap"
+      all | package | unit | fuzz | style | sql | regress | isolation | tap | sqlonly) ;;
+      *) stage_failed "ONLY=$ONLY: '$item' is none of package, unit, fuzz, style, sql, regress, isolation, tap, sqlonly"
          finished=yes
          exit 2 ;;
     esac
@@ -384,6 +410,24 @@ check_citus_script() {
   if [ "$status" -ne 0 ] && [ "$bad" -eq 0 ]; then bad=1; fi
   if [ "$ok" -eq 0 ] && [ "$bad" -eq 0 ]; then
     stage_failed "test/citus_test.sh gave no result"
+  else
+    count "$ok" "$bad"
+  fi
+}
+
+# How scripts/sqlonly_deps.sh copies a PostgreSQL without the native edition and
+# finds, verifies, builds and reuses pg_tle and pg_cron, against stand-ins: one pass or
+# failure per check it prints.
+check_sqlonly_deps_script() {
+  say "package: scripts/sqlonly_deps.sh against stand-ins"
+  local out ok bad status=0
+  out=$(bash "$work/src/test/sqlonly_deps_test.sh" 2>&1) || status=$?
+  echo "$out"
+  ok=$(grep -c '^ok ' <<<"$out" || true)
+  bad=$(grep -c '^not ok ' <<<"$out" || true)
+  if [ "$status" -ne 0 ] && [ "$bad" -eq 0 ]; then bad=1; fi
+  if [ "$ok" -eq 0 ] && [ "$bad" -eq 0 ]; then
+    stage_failed "test/sqlonly_deps_test.sh gave no result"
   else
     count "$ok" "$bad"
   fi
@@ -639,6 +683,7 @@ if selected package package; then
   check_update_scripts
   check_pg_versions_script
   check_citus_script
+  check_sqlonly_deps_script
   check_debian_package
 fi
 
@@ -668,6 +713,133 @@ if selected style style; then
     stage_failed "no lint: the extension did not build"
   fi
 fi
+
+# ---------------------------------------------------------------------------------
+# The SQL-only edition (stage 6)
+# ---------------------------------------------------------------------------------
+
+# `make sql-only` once per run: sqlonly_dist is the directory it wrote, or "failed".
+sqlonly_dist=""
+make_sqlonly_dist() {
+  say "SQL-only edition: make sql-only"
+  if make -s --no-print-directory -C "$work/src" sql-only PG_CONFIG="$PG_CONFIG" \
+       >"$work/sql-only.log" 2>&1 &&
+     [ -f "$work/src/dist/idempotency-sql--1.5.sql" ] &&
+     [ -f "$work/src/dist/idempotency-pgtle--1.5.sql" ]; then
+    sqlonly_dist=$work/src/dist
+    ls -l "$sqlonly_dist"
+  else
+    tail -n 40 "$work/sql-only.log"
+    echo "!! make sql-only did not write dist/idempotency-sql--1.5.sql and dist/idempotency-pgtle--1.5.sql"
+    sqlonly_dist=failed
+  fi
+}
+
+# The TAP tests of test/sqlonly/t/, for the "not run" lines: those that need pg_tle,
+# those that need pg_cron (each file says which with IDEM_PG_TLE / IDEM_PG_CRON).
+sqlonly_tap_needing() {
+  grep -l "require_sqlonly_addon('$1')" test/sqlonly/t/*.pl 2>/dev/null | xargs -rn1 basename |
+    paste -sd, | sed 's/,/, /g'
+}
+
+# sqlonly_addon NAME VERSION COPY: sets addon_ok=1 when NAME can be loaded in COPY;
+# else a "not run" line naming WHAT (or one failure when it did not build).
+sqlonly_addon() {
+  local name=$1 version=$2 copy=$3 what=$4 status=0 release
+  addon_ok=0
+  release=$(addon_for "$name" "$copy") || status=$?
+  case $status in
+    0) addon_ok=1; echo "$name $release in the copy" ;;
+    2) echo "not run: $what (no $name source: set ${name^^}_SOURCE_DIR or ${name^^}_TARBALL)"
+       not_run_lines+=("PostgreSQL $version: not run: $what (no $name source: set ${name^^}_SOURCE_DIR or ${name^^}_TARBALL)") ;;
+    *) stage_failed "$name could not be built or installed for PostgreSQL $version" ;;
+  esac
+}
+
+# run_sqlonly_suite KIND VERSION COPY: test/sqlonly/run.sh for REGRESS or ISOLATION,
+# each test one pass or failure; a test that gave no result counts as failed.
+run_sqlonly_suite() {
+  local kind=$1 version=$2 copy=$3 variable tests out log status=0 ok bad missing
+  variable=$( [ "$kind" = regress ] && echo REGRESS || echo ISOLATION)
+  out=$work/sqlonly-pg$version/$kind log=$work/sqlonly-pg$version-$kind.log
+  say "SQL-only edition, PostgreSQL $version: $kind ($variable in the Makefile, through pg_tle)"
+  read -ra tests < <(make_var "$variable")
+  (cd "$work/src" && timeout -k 30 "$REGRESS_TIMEOUT" \
+     test/sqlonly/run.sh "$kind" "$copy" "$sqlonly_dist" "$out" "${tests[@]}") 2>&1 | tee "$log" ||
+    status=$?
+  read -r ok bad < <(regress_counts "$log")
+  missing=$((${#tests[@]} - ok - bad))
+  if [ "$missing" -lt 0 ]; then missing=0; fi
+  if [ "$status" -ne 0 ] && [ "$bad" -eq 0 ] && [ "$missing" -eq 0 ]; then missing=1; fi
+  count "$ok" "$bad"
+  if [ "$missing" -gt 0 ]; then
+    stage_failed "SQL-only $kind on $version $(describe_status "$status" "$REGRESS_TIMEOUT"): $missing of ${#tests[@]} tests gave no result" "$missing"
+  fi
+  if [ "$bad" -gt 0 ] && [ -f "$out/regression.diffs" ]; then
+    say "SQL-only $kind on $version: regression.diffs"
+    head -n 3000 "$out/regression.diffs"
+  fi
+}
+
+# run_sqlonly_tap VERSION COPY: prove test/sqlonly/t/*.pl with the copy's PostgreSQL
+# first on PATH (PGXS's installcheck with the copy's pg_config), each assertion one
+# pass or failure.
+run_sqlonly_tap() {
+  local version=$1 copy=$2 log=$work/sqlonly-pg$version-tap.log counts ok bad status=0 file name
+  local expected
+  expected=$(compgen -G 'test/sqlonly/t/*.pl' | wc -l)
+  say "SQL-only edition, PostgreSQL $version: TAP tests (test/sqlonly/t)"
+  [ "$expected" -gt 0 ] || { echo "none"; return; }
+  (
+    export IDEM_SQLONLY_DIST=$sqlonly_dist IDEM_PG_TLE=$tle_ok IDEM_PG_CRON=$cron_ok
+    PG_CONFIG=$copy/bin/pg_config installcheck "$log" "$TAP_TIMEOUT" REGRESS= ISOLATION= \
+      "PROVE_TESTS=test/sqlonly/t/*.pl"
+  ) || status=$?
+  counts=$(tap_counts "$log")
+  if [ -z "$counts" ]; then
+    stage_failed "the SQL-only TAP tests on $version $(describe_status "$status" "$TAP_TIMEOUT"): no summary" "$expected"
+    return
+  fi
+  read -r ok bad <<<"$counts"
+  if [ "$status" -ne 0 ] && [ "$bad" -eq 0 ]; then bad=1; fi
+  count "$ok" "$bad"
+  if [ "$bad" -gt 0 ]; then
+    echo "!! FAILED: $bad SQL-only TAP assertions or files" >&2
+    for file in $(tap_failed_files "$log"); do
+      name=$(basename "$file" .pl)
+      say "SQL-only TAP: tmp_check/log/regress_log_$name (the end)"
+      tail -n 150 "$work/src/tmp_check/log/regress_log_$name" 2>/dev/null || echo "(none)"
+    done
+  fi
+}
+
+# run_sqlonly VERSION PREFIX: the SQL-only edition on that PostgreSQL, in a copy of it
+# without the native files.
+run_sqlonly() {
+  local version=$1 prefix=$2 copy tle_ok=0 cron_ok=0 addon_ok
+  say "SQL-only edition on PostgreSQL $version: a copy without the native edition, pg_tle, pg_cron"
+  [ -n "$sqlonly_dist" ] || make_sqlonly_dist
+  if [ "$sqlonly_dist" = failed ]; then
+    stage_failed "the SQL-only edition not tested on $version: make sql-only failed"
+    return
+  fi
+  if ! copy=$(pg_copy_without_native "$prefix" "$work/sqlonly-pg$version/install"); then
+    stage_failed "the SQL-only edition not tested on $version: no copy of $prefix"
+    return
+  fi
+  echo "copy: $copy ($("$copy/bin/pg_config" --version))"
+  sqlonly_addon pg_tle "$version" "$copy" \
+    "the SQL-only edition's REGRESS and ISOLATION through pg_tle, $(sqlonly_tap_needing pg_tle)"
+  tle_ok=$addon_ok
+  sqlonly_addon pg_cron "$version" "$copy" "$(sqlonly_tap_needing pg_cron)"
+  cron_ok=$addon_ok
+  chown -R postgres: "$work/src" "$work/sqlonly-pg$version"
+  if [ "$tle_ok" = 1 ]; then
+    run_sqlonly_suite regress "$version" "$copy"
+    run_sqlonly_suite isolation "$version" "$copy"
+  fi
+  run_sqlonly_tap "$version" "$copy"
+}
 
 # citus_decision VERSION PREFIX: whether test/t/017_citus.pl runs on this PostgreSQL:
 # sets IDEM_CITUS=1 (it runs, and a missing Citus fails it) or IDEM_CITUS=0 (it skips)
@@ -733,7 +905,9 @@ test_version() {
   PG_CONFIG=$prefix/bin/pg_config
   "$PG_CONFIG" --version
   make -s -C "$work/src" clean PG_CONFIG="$PG_CONFIG" >/dev/null 2>&1 || true
-  if ! build_extension; then
+  if ! selected regress sql && ! selected isolation sql && ! selected tap sql; then
+    : # the SQL-only edition alone (ONLY=sqlonly): no native build
+  elif ! build_extension; then
     stage_failed "SQL, isolation and TAP tests not run on $version: the extension did not build"
   else
     # TAP tests start clusters, which must not run as root, and pg_regress writes
@@ -765,11 +939,12 @@ test_version() {
       upgrade_from_prefix=$prefix
     fi
   fi
+  if selected sqlonly sql; then run_sqlonly "$version" "$prefix"; fi
   version_lines+=("PostgreSQL $version ($("$PG_CONFIG" --version)): $((passed - before_passed)) passed, $((failed - before_failed)) failed")
   PG_CONFIG=$PG_BIN/pg_config
 }
 
-if selected regress sql || selected isolation sql || selected tap sql; then
+if selected regress sql || selected isolation sql || selected tap sql || selected sqlonly sql; then
   version_lines=()
   not_run_lines=()
   server_check_done=no

@@ -200,9 +200,11 @@ peers_chart() {
   # The bars, in order: workload, contender, its title and colour.
   cat >"$work/peers.order" <<'ORDER'
 new	extension	extension	#4c72b0
+new	sqlOnly	SQL-only edition	#8172b3
 new	appTable	table by hand	#dd8452
 new	dbos	DBOS Transact	#c44e52
 replay	extension	extension	#4c72b0
+replay	sqlOnly	SQL-only edition	#8172b3
 replay	appTable	table by hand	#dd8452
 replay	dbos	DBOS Transact	#c44e52
 producer	extension	extension	#4c72b0

@@ -1,7 +1,8 @@
 // The driver of test/bench/peers/run.sh (read its header first). One Node.js process, one
 // client stack (the pg driver) for every contender. Environment: PGPORT, PGDATA (for the
-// postmaster's pid), CLIENTS, ROUNDS, SECONDS_PER_RUN, RELAY_EVENTS, RELAY_SECONDS, RESULTS,
-// SHOW_STATEMENTS (set: each run's statements per request from pg_stat_statements, to stderr).
+// postmaster's pid), PGPORT_SQL and PGDATA_SQL (the SQL-only edition's cluster), CLIENTS, ROUNDS, SECONDS_PER_RUN, RELAY_EVENTS, RELAY_SECONDS, RESULTS,
+// SQL_EDITION (the SQL-only edition's version, for the header), SHOW_STATEMENTS (set:
+// each run's statements per request from pg_stat_statements, to stderr).
 'use strict';
 const crypto = require('node:crypto');
 const fs = require('node:fs');
@@ -9,13 +10,15 @@ const pg = require('pg');
 
 const env = (name, fallback) => process.env[name] ?? fallback;
 const PORT = Number(env('PGPORT', 5432));
+const PORT_SQL = Number(env('PGPORT_SQL', PORT));
 const CLIENTS = Number(env('CLIENTS', 8));
 const ROUNDS = Number(env('ROUNDS', 3));
 const SECONDS = Number(env('SECONDS_PER_RUN', 10));
 const RELAY_EVENTS = Number(env('RELAY_EVENTS', 5000));
 const RELAY_SECONDS = Number(env('RELAY_SECONDS', 20));
 const DUPLICATES = 4;
-const conn = (database) => ({ host: '127.0.0.1', port: PORT, user: 'postgres', database });
+const conn = (database) => ({
+  host: '127.0.0.1', port: database === 'bench_sql' ? PORT_SQL : PORT, user: 'postgres', database });
 
 // Round trips: every query any pg client of this process sends (ours, DBOS's, knex's,
 // the outbox library's) goes through Client.prototype.query. The bench's own
@@ -28,38 +31,49 @@ pg.Client.prototype.query = function (...args) {
 };
 
 let admin;  // role "observer", uncounted: settings, WAL positions, checks
+let adminSql;  // the same in database bench_sql (the SQL-only edition's, its own cluster)
 const adminValue = async (sql, params) => Object.values((await admin.query(sql, params)).rows[0])[0];
 async function connect(database = 'bench', user = 'postgres') {
-  const client = new pg.Client({ ...conn(database), user });
+  const client = new pg.Client({ ...conn(database), user });  // bench_sql: on PORT_SQL
   await client.connect();
   return client;
 }
 
 // Server CPU: utime + stime of the postmaster and every process of the cluster, alive
-// (its children in /proc) or ended (cutime + cstime of the postmaster), in clock ticks.
-const postmaster = Number(fs.readFileSync(`${env('PGDATA')}/postmaster.pid`, 'utf8').split('\n')[0]);
+// (its children in /proc) or ended (cutime + cstime of the postmaster), in clock ticks;
+// of both clusters when the SQL-only edition has its own.
+const postmasterOf = (dir) => Number(fs.readFileSync(`${dir}/postmaster.pid`, 'utf8').split('\n')[0]);
+const postmasters = [env('PGDATA'), process.env.PGDATA_SQL].filter(Boolean).map(postmasterOf);
 const TICK_US = 1e6 / 100;  // getconf CLK_TCK = 100 on Linux
 function statFields(pid) {
   const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
   return stat.slice(stat.lastIndexOf(')') + 2).split(' ');  // fields from 3 on
 }
 function serverTicks() {
-  const own = statFields(postmaster);  // utime 14, stime 15, cutime 16, cstime 17
-  let ticks = Number(own[11]) + Number(own[12]) + Number(own[13]) + Number(own[14]);
+  let ticks = 0;
+  for (const postmaster of postmasters) {
+    const own = statFields(postmaster);  // utime 14, stime 15, cutime 16, cstime 17
+    ticks += Number(own[11]) + Number(own[12]) + Number(own[13]) + Number(own[14]);
+  }
   for (const pid of fs.readdirSync('/proc').filter((p) => /^\d+$/.test(p))) {
     try {
       const f = statFields(pid);
-      if (Number(f[1]) === postmaster) ticks += Number(f[11]) + Number(f[12]);
+      if (postmasters.includes(Number(f[1]))) ticks += Number(f[11]) + Number(f[12]);
     } catch { /* ended meanwhile: counted in the postmaster's cutime */ }
   }
   return ticks;
 }
+// The admin connections of each cluster (the first one's, then the SQL-only edition's
+// when it has its own): WAL and pg_stat_statements are per cluster.
+const admins = () => (PORT_SQL === PORT ? [admin] : [admin, adminSql]);
+const sumOver = async (f) => (await Promise.all(admins().map(f))).reduce((a, b) => a + b, 0);
 
 // One measured run: `work(worker, deadline)` per client until the deadline; it returns
 // the number of requests it made and pushes their latencies.
 async function measure(work, { seconds = SECONDS, workers = CLIENTS } = {}) {
-  await admin.query('SELECT pg_stat_statements_reset()');
-  const wal0 = await adminValue('SELECT pg_current_wal_insert_lsn()');
+  for (const a of admins()) await a.query('SELECT pg_stat_statements_reset()');
+  const wal0 = await Promise.all(admins().map(async (a) =>
+    (await a.query('SELECT pg_current_wal_insert_lsn() AS lsn')).rows[0].lsn));
   const ticks0 = serverTicks(), trips0 = roundTrips, client0 = process.cpuUsage();
   const start = performance.now(), deadline = start + seconds * 1000;
   const latencies = [], failures = [];
@@ -68,18 +82,21 @@ async function measure(work, { seconds = SECONDS, workers = CLIENTS } = {}) {
   const elapsed = (performance.now() - start) / 1000;
   const cpu = process.cpuUsage(client0);
   const ticks = serverTicks() - ticks0, trips = roundTrips - trips0;
-  const wal = Number(await adminValue('SELECT pg_current_wal_insert_lsn() - $1::pg_lsn', [wal0]));
-  const statements = Number(await adminValue(
-    `SELECT coalesce(sum(calls), 0) FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
-      WHERE d.datname IN ('bench', 'dbos_sys') AND s.userid <> 'observer'::regrole`));
+  const wal = await sumOver(async (a, i) => Number((await a.query(
+    'SELECT pg_current_wal_insert_lsn() - $1::pg_lsn AS bytes', [wal0[i]])).rows[0].bytes));
+  const statements = await sumOver(async (a) => Number((await a.query(
+    `SELECT coalesce(sum(calls), 0) AS calls FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+      WHERE d.datname IN ('bench', 'bench_sql', 'dbos_sys') AND s.userid <> 'observer'::regrole`)).rows[0].calls));
   const n = counts.reduce((a, b) => a + b, 0) || 1;
   if (process.env.SHOW_STATEMENTS) {  // what the server ran per request, to stderr
-    const top = await admin.query(
-      `SELECT round(calls::numeric / $1, 2) AS per_request, left(regexp_replace(query, '\\s+', ' ', 'g'), 160) AS query
-         FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
-        WHERE d.datname IN ('bench', 'dbos_sys') AND s.userid <> 'observer'::regrole
-        ORDER BY calls DESC LIMIT 25`, [n]);
-    for (const r of top.rows) console.error(`  ${r.per_request} × ${r.query}`);
+    for (const a of admins()) {
+      const top = await a.query(
+        `SELECT round(calls::numeric / $1, 2) AS per_request, left(regexp_replace(query, '\\s+', ' ', 'g'), 160) AS query
+           FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+          WHERE d.datname IN ('bench', 'bench_sql', 'dbos_sys') AND s.userid <> 'observer'::regrole
+          ORDER BY calls DESC LIMIT 25`, [n]);
+      for (const r of top.rows) console.error(`  ${r.per_request} × ${r.query}`);
+    }
   }
   latencies.sort((a, b) => a - b);
   const pct = (p) => latencies[Math.min(latencies.length - 1, Math.floor(p * latencies.length))] ?? 0;
@@ -113,6 +130,11 @@ const account = () => 1 + Math.floor(Math.random() * 1_000_000);
 const contenders = {
   // 1. The extension: one CALL.
   extension: {
+    request: (c, key, acct) =>
+      c.query('CALL create_payment($1::idem_key, $2, $3)', [key, acct, amount]).then((r) => r.rows[0].result),
+  },
+  // 1b. The SQL-only edition: the same CALL, in database bench_sql as role bench_app.
+  sqlOnly: {
     request: (c, key, acct) =>
       c.query('CALL create_payment($1::idem_key, $2, $3)', [key, acct, amount]).then((r) => r.rows[0].result),
   },
@@ -213,7 +235,7 @@ async function paymentRun(name, mode, sessions, tag) {
     }
     return n;
   }, { workers: Math.max(1, Math.floor(CLIENTS / DUPLICATES)) });
-  const rows = (await admin.query(
+  const rows = (await (name === 'sqlOnly' ? adminSql : admin).query(
     `SELECT count(*) AS keys, min(n) AS min, max(n) AS max FROM (
        SELECT count(*) AS n FROM payments WHERE key LIKE $1 GROUP BY key) k`, [`dup-${tag}-%`])).rows[0];
   spreads.sort((a, b) => a - b);
@@ -394,12 +416,15 @@ function tables() {
 async function main() {
   admin = await connect('bench', 'observer');
   admin.uncounted = true;
+  adminSql = await connect('bench_sql', 'observer');
+  adminSql.uncounted = true;
   const setup = outbox.DatabaseSetup;
   await admin.query(setup.dropAndCreateTable(libSetup) + setup.createPollingFunction(libSetup) +
     setup.setupPollingIndexes(libSetup) + setup.setupReplicationCore(libSetup));
   const DBOS = await startDbos();
   const sessions = await Promise.all(Array.from({ length: CLIENTS }, () => connect()));
-  const order = ['extension', 'appTable', 'dbos'];
+  const sqlSessions = await Promise.all(Array.from({ length: CLIENTS }, () => connect('bench_sql', 'bench_app')));
+  const order = ['extension', 'sqlOnly', 'appTable', 'dbos'];
   for (const sync of ['off', 'on']) {
     await admin.query(`ALTER SYSTEM SET synchronous_commit = ${sync}`);
     await admin.query('SELECT pg_reload_conf()');
@@ -408,7 +433,8 @@ async function main() {
       const turn = order.map((_, i) => order[(i + round - 1) % order.length]);  // who goes first rotates
       for (const workload of ['new', 'replay', 'dup']) {
         for (const name of turn) {
-          record('payment', name, workload, sync, await paymentRun(name, workload, sessions, `${name}-${sync}-${round}`));
+          record('payment', name, workload, sync,
+            await paymentRun(name, workload, name === 'sqlOnly' ? sqlSessions : sessions, `${name}-${sync}-${round}`));
         }
       }
       const names = ['extension', 'library', 'extension (one CALL)'];
@@ -440,16 +466,19 @@ async function main() {
   await admin.query('SELECT pg_reload_conf()');
   const versions = (await admin.query(`SELECT current_setting('server_version') AS pg,
     (SELECT extversion FROM pg_extension WHERE extname = 'idempotency') AS ext`)).rows[0];
+  const sqlEdition = env('SQL_EDITION', '?');  // run.sh: the version and the commit it was built from
+
   const pkg = (name) => JSON.parse(fs.readFileSync(`${__dirname}/node_modules/${name}/package.json`, 'utf8')).version;
   const markdown = `Measured ${new Date().toISOString().slice(0, 16).replace('T', ' ')} UTC on ` +
-    `${require('node:os').cpus().length} cores, PostgreSQL ${versions.pg}, idempotency ${versions.ext}, ` +
+    `${require('node:os').cpus().length} cores, PostgreSQL ${versions.pg}, idempotency ${versions.ext} ` +
+    `(sqlOnly: the SQL-only edition ${sqlEdition}), ` +
     `Node.js ${process.versions.node}, pg ${pkg('pg')}, @dbos-inc/dbos-sdk ${pkg('@dbos-inc/dbos-sdk')}, ` +
     `@dbos-inc/knex-datasource ${pkg('@dbos-inc/knex-datasource')}, pg-transactional-outbox ` +
     `${pkg('pg-transactional-outbox')}; CLIENTS=${CLIENTS} ROUNDS=${ROUNDS} SECONDS_PER_RUN=${SECONDS} ` +
     `RELAY_EVENTS=${RELAY_EVENTS} RELAY_SECONDS=${RELAY_SECONDS}.\n\n` + tables();
   console.log(markdown);
   if (process.env.RESULTS) fs.writeFileSync(process.env.RESULTS, markdown + '\n');
-  await Promise.all(sessions.map((c) => c.end()));
+  await Promise.all([...sessions, ...sqlSessions].map((c) => c.end()));
   await DBOS.shutdown();
   await admin.end();
 }

@@ -17,6 +17,13 @@
 #   payment request (claim, insert the payment, store the response), for fresh keys,
 #   replays, and 4-way concurrent duplicates of every key:
 #     extension  one CALL of create_payment (examples/create_payment.sql's procedure)
+#     sqlOnly    the same CALL against the SQL-only edition (dist/idempotency-sql--1.5.sql
+#                of `make sql-only`, run with psql -f by the owner of database bench_sql),
+#                as role bench_app, a plain role under the store's row-level security.
+#                In a second cluster with the same settings but without the native
+#                library (which reserves the idempotency.* settings the SQL edition
+#                uses as placeholders); server CPU, WAL and statements are counted
+#                over both clusters for every run
 #     appTable   a hand-written table: BEGIN; INSERT ... ON CONFLICT DO NOTHING;
 #                SELECT ... FOR UPDATE; the payment's INSERT; UPDATE of the response;
 #                COMMIT, each a statement from the client
@@ -46,7 +53,7 @@ export RELAY_EVENTS=${RELAY_EVENTS:-5000} RELAY_SECONDS=${RELAY_SECONDS:-20}
 
 work=$(mktemp -d /tmp/idempotency-peers.XXXXXX)
 chmod 755 "$work"
-trap 'stop_cluster "$work/cluster"; rm -rf "$work"; make -s clean PG_CONFIG="$PG_CONFIG" >/dev/null' EXIT
+trap 'stop_cluster "$work/cluster"; stop_cluster "$work/cluster-sql"; rm -rf "$work"; make -s clean PG_CONFIG="$PG_CONFIG" >/dev/null' EXIT
 
 REQUIRED_PACKAGES=(postgresql-15 postgresql-server-dev-15 libssl-dev g++ make nodejs gnuplot-nox)  # npm comes with nodejs
 ensure_packages
@@ -64,9 +71,23 @@ start_cluster_on_free_port "$work/cluster" "shared_preload_libraries = 'pg_stat_
   "max_connections = 100" "shared_buffers = '512MB'" "max_wal_size = '8GB'" "checkpoint_timeout = '1h'" \
   "wal_level = logical" "max_wal_senders = 4" "max_replication_slots = 4"
 port=$CLUSTER_PORT
+# The SQL-only edition's cluster: no custom library; otherwise the same settings.
+start_cluster_on_free_port "$work/cluster-sql" "shared_preload_libraries = 'pg_stat_statements'" \
+  "max_connections = 100" "shared_buffers = '512MB'" "max_wal_size = '8GB'" "checkpoint_timeout = '1h'" \
+  "wal_level = logical" "max_wal_senders = 4" "max_replication_slots = 4"
+port_sql=$CLUSTER_PORT
 psql_() { runuser -u postgres -- psql -X -q -h 127.0.0.1 -p "$port" -v ON_ERROR_STOP=1 "$@"; }
 psql_ -d postgres -c "CREATE DATABASE bench" -c "CREATE ROLE observer SUPERUSER LOGIN"
 psql_ -d bench -c "CREATE EXTENSION pg_stat_statements" -f "$here/setup.sql"
+# The SQL-only edition: no extension, no library; installed by the database's owner.
+make -s sql-only >/dev/null
+psql_sql() { runuser -u postgres -- psql -X -q -h 127.0.0.1 -p "$port_sql" -v ON_ERROR_STOP=1 "$@"; }
+psql_sql -d postgres -c "CREATE ROLE observer SUPERUSER LOGIN" -c "CREATE ROLE bench_owner LOGIN" \
+  -c "CREATE ROLE bench_app LOGIN" -c "CREATE DATABASE bench_sql OWNER bench_owner"
+psql_sql -d bench_sql -c "CREATE EXTENSION pg_stat_statements"
+psql_sql -U bench_owner -d bench_sql -f dist/idempotency-sql--1.5.sql >/dev/null
+psql_sql -U bench_owner -d bench_sql -f "$here/setup-sql.sql"
 
-PGPORT=$port PGDATA="$work/cluster/data" RESULTS="$here/results-pg$PG_VERSION.md" node "$here/bench.js"
+SQL_EDITION="$(sed -n "s/^default_version = '\(.*\)'/\1/p" idempotency.control) built at $(git rev-parse --short HEAD)" \
+PGPORT=$port PGDATA="$work/cluster/data" PGPORT_SQL=$port_sql PGDATA_SQL="$work/cluster-sql/data" RESULTS="$here/results-pg$PG_VERSION.md" node "$here/bench.js"
 test/bench/charts.sh  # the charts, from the results files (this one and the others committed)

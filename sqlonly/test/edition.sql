@@ -1,0 +1,170 @@
+-- What only the SQL-only edition has to prove (the project's regression suite covers the
+-- contract). Run by a superuser with psql in a database where the edition is installed:
+--   psql -v ON_ERROR_STOP=1 -X -f sqlonly/test/edition.sql
+-- Each block raises (and psql stops) when a promise does not hold; the last line
+-- printed is "edition: all passed".
+\set ON_ERROR_STOP on
+SET client_min_messages = warning;
+DROP ROLE IF EXISTS regress_sqled_a;
+DROP ROLE IF EXISTS regress_sqled_b;
+CREATE ROLE regress_sqled_a;
+CREATE ROLE regress_sqled_b;
+RESET client_min_messages;
+
+-- 1. Row-level security: a role reads its own rows directly, never another's.
+SET ROLE regress_sqled_a;
+SELECT idem_once('sqled', 'a-1') AS a_stored;
+SET ROLE regress_sqled_b;
+DO $$
+BEGIN
+  ASSERT (SELECT count(*) FROM idempotency.keys WHERE scope = 'sqled') = 0,
+    'role b sees role a''s row';
+  ASSERT idem_once('sqled', 'a-1'), 'role b''s key collided with role a''s';
+  ASSERT (SELECT count(*) FROM idempotency.keys WHERE scope = 'sqled') = 1,
+    'role b does not see exactly its own row';
+  UPDATE idempotency.keys SET response = '"b"' WHERE scope = 'sqled';
+END $$;
+SET ROLE regress_sqled_a;
+DO $$
+BEGIN
+  ASSERT (SELECT response FROM idem_lookup('sqled', 'a-1')) IS NULL, 'role b changed role a''s row';
+END $$;
+RESET ROLE;
+
+-- 2. Who may add keys: EXECUTE on idem_claim, idem_once or idem_once_many, however the
+-- row would be written (the function, an internal helper, a direct INSERT).
+REVOKE EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval),
+  idem_once(text, idem_key, interval, interval),
+  idem_once_many(text, idem_key[], interval, interval) FROM PUBLIC;
+SET ROLE regress_sqled_b;
+DO $$
+DECLARE
+  refused integer := 0;
+BEGIN
+  BEGIN
+    PERFORM idem_claim('sqled', 'b-2', lease => '1 minute');
+  EXCEPTION WHEN insufficient_privilege THEN refused := refused + 1;
+  END;
+  BEGIN
+    PERFORM idempotency._claim('sqled', 'b-2', NULL, NULL, '1 minute', NULL);
+  EXCEPTION WHEN insufficient_privilege THEN refused := refused + 1;
+  END;
+  BEGIN
+    INSERT INTO idempotency.keys (role, attempt, first_claimed_at, expires_at, scope, key, state)
+      VALUES (idempotency._me(), 1, now(), now() + interval '1 day', 'sqled', 'b-2', 'c');
+  EXCEPTION WHEN insufficient_privilege THEN refused := refused + 1;
+  END;
+  ASSERT refused = 3, format('%s of 3 ways to add a key refused', refused);
+  -- Finishing stays possible, and a key that is not there is IK004, as natively.
+  BEGIN
+    PERFORM idem_complete('sqled', 'b-2');
+    ASSERT false, 'completed a key that does not exist';
+  EXCEPTION WHEN SQLSTATE 'IK004' THEN NULL;
+  END;
+END $$;
+RESET ROLE;
+GRANT EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval),
+  idem_once(text, idem_key, interval, interval),
+  idem_once_many(text, idem_key[], interval, interval) TO PUBLIC;
+
+-- 3. IK002 holds when the transaction switches role before COMMIT (the check must see
+-- the claiming role's row whoever commits).
+SET ROLE regress_sqled_a;
+BEGIN;
+SELECT outcome FROM idem_claim('sqled', 'switch');
+RESET ROLE;
+SET ROLE regress_sqled_b;
+DO $$ BEGIN RAISE NOTICE 'committing as b'; END $$;
+\set ON_ERROR_STOP off
+COMMIT;
+\set ON_ERROR_STOP on
+SELECT :'LAST_ERROR_SQLSTATE' = 'IK002' AS ik002_after_a_role_switch \gset
+\if :ik002_after_a_role_switch
+\else
+  DO $$ BEGIN RAISE EXCEPTION 'COMMIT after a role switch did not fail with IK002'; END $$;
+\endif
+RESET ROLE;
+
+-- 4. Many new keys in one transaction: at most 48 subtransactions, all claimed, IK002
+-- still guards each (here: all completed), and the claims stay bounded by their index.
+BEGIN;
+DO $$
+DECLARE
+  claimed integer;
+BEGIN
+  SELECT count(*) INTO claimed FROM generate_series(1, 200) g,
+    LATERAL idem_claim('sqled-many', ('m-' || g)::idem_key) c WHERE c.outcome = 'claimed';
+  ASSERT claimed = 200, format('%s of 200 new keys claimed', claimed);
+  ASSERT current_setting('idempotency.subtransactions') = '48',
+    format('%s subtransactions taken', current_setting('idempotency.subtransactions'));
+  PERFORM idem_complete('sqled-many', ('m-' || g)::idem_key) FROM generate_series(1, 200) g;
+END $$;
+COMMIT;
+DO $$
+BEGIN
+  ASSERT (SELECT count(*) FROM idempotency.keys WHERE scope = 'sqled-many' AND state = 'c') = 200,
+    'the 200 keys are not stored completed';
+END $$;
+
+-- 5. idem_stats says which edition serves, with no worker; reading the store by key
+-- never plans a sequential scan (a generic plan made on a near-empty store).
+DO $$
+DECLARE
+  s record;
+BEGIN
+  SELECT * INTO s FROM idem_stats();
+  ASSERT s.edition = 'sql' AND s.worker_pid IS NULL AND s.claims_total IS NULL, 'idem_stats';
+  ASSERT (SELECT bool_and(coalesce(p.proconfig @> '{enable_seqscan=off}', false))
+          FROM pg_proc p
+          WHERE p.oid IN ('idem_claim(text, idem_key, bytea, interval, interval, interval)'::regprocedure,
+                          'idem_once(text, idem_key, interval, interval)'::regprocedure,
+                          'idem_once(text, idem_key, interval, interval)'::regprocedure,
+                          'idem_complete(text, idem_key, jsonb, integer)'::regprocedure,
+                          'idem_lookup(text, idem_key)'::regprocedure)),
+    'a key function may plan a sequential scan of the store';
+END $$;
+
+-- 6. IK002 for every pending version a claim writes: the trigger is queued by an
+-- UPDATE only when it sets attempt (a takeover) or checkpoint, so both must still fail
+-- at COMMIT when the claim is left unfinished; and the store refuses a state that is
+-- none of p, c, f, a (the key_state domain, the table's CHECK before). (SQLSTATE: the
+-- COMMIT's own status; LAST_ERROR_SQLSTATE would still hold an earlier error.)
+SET ROLE regress_sqled_a;
+BEGIN;
+SELECT outcome FROM idem_claim('sqled', 'checkpointed');
+SELECT idem_checkpoint('sqled', 'checkpointed', 'step 1');
+\set ON_ERROR_STOP off
+COMMIT;
+\set ON_ERROR_STOP on
+SELECT :'SQLSTATE' = 'IK002' AS ik002_after_a_checkpoint \gset
+\if :ik002_after_a_checkpoint
+\else
+  DO $$ BEGIN RAISE EXCEPTION 'COMMIT after a checkpoint of an unfinished claim did not fail with IK002'; END $$;
+\endif
+SELECT idem_once('sqled', 'taken-over', ttl => '1 ms');
+SELECT pg_sleep(0.01);
+BEGIN;
+SELECT outcome, attempt FROM idem_claim('sqled', 'taken-over');
+\set ON_ERROR_STOP off
+COMMIT;
+\set ON_ERROR_STOP on
+SELECT :'SQLSTATE' = 'IK002' AS ik002_after_a_takeover \gset
+\if :ik002_after_a_takeover
+\else
+  DO $$ BEGIN RAISE EXCEPTION 'COMMIT after taking over an expired key unfinished did not fail with IK002'; END $$;
+\endif
+\set ON_ERROR_STOP off
+INSERT INTO idempotency.keys (role, attempt, first_claimed_at, expires_at, scope, key, state)
+  VALUES (quote_ident(current_user)::regrole, 1, now(), now() + interval '1 h', 'sqled', 'bad-state', 'x');
+\set ON_ERROR_STOP on
+SELECT :'SQLSTATE' = '23514' AS bad_state_refused \gset
+\if :bad_state_refused
+\else
+  DO $$ BEGIN RAISE EXCEPTION 'a row with state x was stored'; END $$;
+\endif
+RESET ROLE;
+
+DELETE FROM idempotency.keys WHERE scope IN ('sqled', 'sqled-many');
+DROP ROLE regress_sqled_a;
+DROP ROLE regress_sqled_b;
+\echo edition: all passed
