@@ -11,11 +11,13 @@
 --
 -- Waits. A wait for another transaction is a row-lock wait (INSERT ... ON CONFLICT,
 -- UPDATE), which PostgreSQL's deadlock detector sees and lock_timeout ends, bounded by
--- idempotency.wait_timeout in the one subtransaction that may wait (see
+-- idempotency.wait_timeout in the subtransaction that may wait (see
 -- idempotency._lock_timeout). Where a call can tell without waiting that no one else
 -- holds what it writes, it takes no subtransaction: an emit without event id for an
 -- aggregate whose counter it locks at once (or for none), a relay's claim, an ack,
--- dead or retry of events no one else is writing, a duplicate idem_apply_version.
+-- dead or retry of events no one else is writing, a duplicate idem_apply_version. An
+-- emit waits for another emitter of its id holding nothing, as native: it takes back
+-- what it wrote (its subtransaction) and waits in a probe that is rolled back.
 
 ------------------------------------------------------------------------------
 -- Tables: the native edition's, plus `xact` (the transaction that wrote the row's
@@ -142,18 +144,20 @@ BEGIN
           HINT = 'Retry later.';
 END $$;
 
--- Whether another transaction in progress is emitting `event_id` now, found by a probe
--- row inserted in a subtransaction that is then rolled back (waiting at most 1 ms for
--- that transaction): 'busy', 'stored' (an event with the id is committed) or 'free'.
--- Asked only after a wait for an aggregate ran out, to say what the call waited for as
--- the native edition does (it looks at the id before the aggregate).
-CREATE FUNCTION idempotency._event_id_probe(event_id text) RETURNS text
+-- Waits for another transaction in progress that emits `event_id`, taking nothing: a
+-- probe row inserted in a subtransaction that is then rolled back. 'busy' (the wait
+-- ran out: `timeout`, in ms), 'stored' (an event with the id is committed) or 'free'
+-- (no other transaction emits it). `timeout` NULL: the caller's own lock_timeout
+-- bounds the wait, and its 55P03 is raised.
+CREATE FUNCTION idempotency._event_id_probe(event_id text, timeout text) RETURNS text
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   inserted boolean;
 BEGIN
   BEGIN
-    PERFORM set_config('lock_timeout', '1ms', true);
+    IF timeout IS NOT NULL THEN
+      PERFORM set_config('lock_timeout', timeout, true);
+    END IF;
     INSERT INTO idempotency.outbox AS o (event_id, position, topic, payload, emitted_at, state,
                                          attempt, xact)
       VALUES (_event_id_probe.event_id, 0, '-', '{}', '-infinity', 'x', 0, '0')
@@ -162,12 +166,15 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'IK999', MESSAGE = coalesce(inserted, false)::text;
   EXCEPTION
     WHEN lock_not_available THEN
+      IF timeout IS NULL THEN
+        RAISE;
+      END IF;
       RETURN 'busy';
     WHEN SQLSTATE 'IK999' THEN
       RETURN CASE WHEN SQLERRM = 'true' THEN 'free' ELSE 'stored' END;
   END;
 END $$;
-REVOKE ALL ON FUNCTION idempotency._event_id_probe(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency._event_id_probe(text, text) FROM PUBLIC;
 
 -- idem_apply_version's scope, entity and version: raises the first one wrong, in the
 -- native order (22004, then 22023).
@@ -209,9 +216,11 @@ DECLARE
   max_size bigint;
   started timestamptz;
   wait_ms bigint;
+  remaining bigint;
   timeout text;
   own text;
   waiting_for text;
+  id_busy boolean;
 BEGIN
   -- Arguments, in the native order; then 25006, before anything is read. (Checked
   -- here, and the helpers called only to raise: each call of a function with a SET
@@ -249,91 +258,115 @@ BEGIN
     END IF;
   ELSE
     v_id := gen_random_uuid()::text;
-  END IF;
-
-  IF v_aggregate IS NOT NULL THEN
-    -- The aggregate's next seq, if its counter can be locked at once (no one else
-    -- holds it, or this transaction does): the counter's row, updated in place, then
-    -- makes the next emitter for the aggregate wait until this transaction ends.
-    WITH free AS (
-      SELECT a.topic, a.aggregate FROM idempotency.outbox_aggregates a
-      WHERE a.topic = v_topic AND a.aggregate = v_aggregate
-      FOR UPDATE SKIP LOCKED)
-    UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq + 1
-      FROM free WHERE a.topic = free.topic AND a.aggregate = free.aggregate
-      RETURNING a.last_seq INTO v_seq;
-  END IF;
-
-  IF NOT given AND (v_aggregate IS NULL OR v_seq IS NOT NULL) THEN
-    -- Nothing to wait for.
-    INSERT INTO idempotency.outbox (event_id, position, topic, aggregate, seq, payload,
-                                    headers, emitted_at, state, attempt, xact)
-      VALUES (v_id, nextval('idempotency.outbox_position'), v_topic, v_aggregate, v_seq,
-              v_payload, v_headers, clock_timestamp(), 'p', 0, pg_current_xact_id());
-    RETURN v_id;
-  END IF;
-
-  -- The aggregate's counter is another transaction's (or new), or another transaction
-  -- may be emitting the id: wait, at most idempotency.wait_timeout in all. For the
-  -- counter first, holding nothing (its holder may be about to emit this id), then for
-  -- the id.
-  started := clock_timestamp();
-  BEGIN
-    own := current_setting('lock_timeout');
-    IF own = '0' AND coalesce(current_setting('idempotency.wait_timeout', true), '') = '' THEN
-      wait_ms := 5000;  -- the defaults
-      timeout := '5000';
-    ELSE
-      wait_ms := idempotency._wait_ms(NULL);
-      timeout := idempotency._lock_timeout(wait_ms);
-    END IF;
-    IF timeout IS NOT NULL THEN
-      PERFORM set_config('lock_timeout', timeout, true);
-    END IF;
-    IF v_aggregate IS NOT NULL AND v_seq IS NULL THEN
-      waiting_for := 'aggregate';
-      INSERT INTO idempotency.outbox_aggregates AS a (topic, aggregate, last_seq)
-        VALUES (v_topic, v_aggregate, 1)
-        ON CONFLICT ON CONSTRAINT outbox_aggregates_pkey DO UPDATE SET last_seq = a.last_seq + 1
+    IF v_aggregate IS NOT NULL THEN
+      -- The aggregate's next seq, if its counter can be locked at once (no one else
+      -- holds it, or this transaction does): the counter's row, updated in place, then
+      -- makes the next emitter for the aggregate wait until this transaction ends.
+      WITH free AS (
+        SELECT a.topic, a.aggregate FROM idempotency.outbox_aggregates a
+        WHERE a.topic = v_topic AND a.aggregate = v_aggregate
+        FOR UPDATE SKIP LOCKED)
+      UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq + 1
+        FROM free WHERE a.topic = free.topic AND a.aggregate = free.aggregate
         RETURNING a.last_seq INTO v_seq;
+    END IF;
+    IF v_aggregate IS NULL OR v_seq IS NOT NULL THEN
+      -- Nothing to wait for.
+      INSERT INTO idempotency.outbox (event_id, position, topic, aggregate, seq, payload,
+                                      headers, emitted_at, state, attempt, xact)
+        VALUES (v_id, nextval('idempotency.outbox_position'), v_topic, v_aggregate, v_seq,
+                v_payload, v_headers, clock_timestamp(), 'p', 0, pg_current_xact_id());
+      RETURN v_id;
+    END IF;
+  END IF;
+
+  -- What may wait, at most idempotency.wait_timeout in all, as the native edition
+  -- waits: for the aggregate's counter holding nothing (its holder may be about to emit
+  -- this id); then the id is inserted without waiting (1 ms): if another transaction
+  -- is emitting it, everything is taken back (the subtransaction), that transaction is
+  -- waited for holding nothing, and the emit looks again.
+  started := clock_timestamp();
+  own := current_setting('lock_timeout');
+  IF own = '0' AND coalesce(current_setting('idempotency.wait_timeout', true), '') = '' THEN
+    wait_ms := 5000;  -- the defaults
+  ELSE
+    wait_ms := idempotency._wait_ms(NULL);
+  END IF;
+  FOR round IN 1 .. 1000 LOOP
+    remaining := wait_ms - (extract(epoch FROM clock_timestamp() - started) * 1000)::bigint;
+    timeout := CASE WHEN own = '0' THEN greatest(remaining, 1)::text
+                    ELSE idempotency._lock_timeout(remaining) END;
+    id_busy := false;
+    BEGIN
       IF timeout IS NOT NULL THEN
-        -- What is left of the bound, for the id.
-        timeout := idempotency._lock_timeout(
-          wait_ms - (extract(epoch FROM clock_timestamp() - started) * 1000)::bigint);
-        PERFORM set_config('lock_timeout', coalesce(timeout, own), true);
+        PERFORM set_config('lock_timeout', timeout, true);
       END IF;
-    END IF;
-    waiting_for := 'event id';
-    INSERT INTO idempotency.outbox AS o (event_id, position, topic, aggregate, seq, payload,
-                                         headers, emitted_at, state, attempt, xact)
-      VALUES (v_id, nextval('idempotency.outbox_position'), v_topic, v_aggregate, v_seq,
-              v_payload, v_headers, clock_timestamp(), 'p', 0, pg_current_xact_id())
-      ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING;
-    IF NOT FOUND AND v_seq IS NOT NULL THEN
-      -- Another transaction stored the id meanwhile: that event is the one, and the
-      -- seq taken goes back (the counter stays locked: no one took the next).
-      UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq - 1
-        WHERE a.topic = v_topic AND a.aggregate = v_aggregate;
-    END IF;
-    IF timeout IS NOT NULL THEN
+      IF v_aggregate IS NOT NULL THEN
+        waiting_for := 'aggregate';
+        v_seq := NULL;
+        WITH free AS (
+          SELECT a.topic, a.aggregate FROM idempotency.outbox_aggregates a
+          WHERE a.topic = v_topic AND a.aggregate = v_aggregate
+          FOR UPDATE SKIP LOCKED)
+        UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq + 1
+          FROM free WHERE a.topic = free.topic AND a.aggregate = free.aggregate
+          RETURNING a.last_seq INTO v_seq;
+        IF v_seq IS NULL THEN
+          INSERT INTO idempotency.outbox_aggregates AS a (topic, aggregate, last_seq)
+            VALUES (v_topic, v_aggregate, 1)
+            ON CONFLICT ON CONSTRAINT outbox_aggregates_pkey DO UPDATE SET last_seq = a.last_seq + 1
+            RETURNING a.last_seq INTO v_seq;
+        END IF;
+      END IF;
+      IF given THEN
+        waiting_for := 'event id';
+        PERFORM set_config('lock_timeout', '1', true);
+      END IF;
+      INSERT INTO idempotency.outbox AS o (event_id, position, topic, aggregate, seq, payload,
+                                           headers, emitted_at, state, attempt, xact)
+        VALUES (v_id, nextval('idempotency.outbox_position'), v_topic, v_aggregate, v_seq,
+                v_payload, v_headers, clock_timestamp(), 'p', 0, pg_current_xact_id())
+        ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING;
+      IF NOT FOUND AND v_seq IS NOT NULL THEN
+        -- Another transaction stored the id meanwhile: that event is the one, and the
+        -- seq taken goes back (the counter stays locked: no one took the next).
+        UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq - 1
+          WHERE a.topic = v_topic AND a.aggregate = v_aggregate;
+      END IF;
       PERFORM set_config('lock_timeout', own, true);
+    EXCEPTION WHEN lock_not_available THEN
+      IF waiting_for = 'event id' THEN
+        id_busy := true;  -- another transaction emits the id: taken back, waited for below
+      ELSIF timeout IS NULL THEN
+        RAISE;  -- the caller's own lock_timeout
+      ELSE
+        -- The wait for the aggregate ran out. The native edition looks at the id
+        -- first: if another transaction is emitting it, that is what it waited for; if
+        -- it is stored by now, it is the one.
+        IF given THEN
+          CASE idempotency._event_id_probe(v_id, '1')
+            WHEN 'busy' THEN waiting_for := 'event id';
+            WHEN 'stored' THEN RETURN v_id;
+            ELSE NULL;
+          END CASE;
+        END IF;
+        PERFORM idempotency._raise_emit_in_progress(waiting_for);
+      END IF;
+    END;
+    IF NOT id_busy THEN
+      RETURN v_id;
     END IF;
-  EXCEPTION WHEN lock_not_available THEN
-    IF timeout IS NULL THEN
-      RAISE;  -- the caller's own lock_timeout
-    END IF;
-    IF waiting_for = 'aggregate' AND given THEN
-      -- The native edition looks at the id first: if another transaction is emitting
-      -- it, that is what it waited for; if it is stored by now, it is the one.
-      CASE idempotency._event_id_probe(v_id)
-        WHEN 'busy' THEN waiting_for := 'event id';
-        WHEN 'stored' THEN RETURN v_id;
-        ELSE NULL;
-      END CASE;
-    END IF;
-    PERFORM idempotency._raise_emit_in_progress(waiting_for);
-  END;
-  RETURN v_id;
+    remaining := wait_ms - (extract(epoch FROM clock_timestamp() - started) * 1000)::bigint;
+    timeout := CASE WHEN own = '0' THEN greatest(remaining, 1)::text
+                    ELSE idempotency._lock_timeout(remaining) END;
+    CASE idempotency._event_id_probe(v_id, timeout)
+      WHEN 'busy' THEN PERFORM idempotency._raise_emit_in_progress('event id');
+      WHEN 'stored' THEN RETURN v_id;
+      ELSE NULL;  -- its emitter rolled back: look again
+    END CASE;
+  END LOOP;
+  RAISE EXCEPTION 'idem_emit could not settle on event id "%"', v_id
+    USING ERRCODE = 'internal_error';
 END $$;
 -- Emitting is a privilege (SPEC v1.2): events belong to the database, so a role that
 -- could emit could pre-empt another's event id or hold its aggregate.
