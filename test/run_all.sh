@@ -43,7 +43,7 @@
 #      by a member of pgtle_admin, then REGRESS and ISOLATION against it with the native
 #      expected outputs except test/sqlonly/expected/ and
 #      test/sqlonly/isolation/expected/ (test/sqlonly/run.sh), each test one pass or
-#      failure; then the TAP tests of test/sqlonly/t/ (installing through pg_tle and
+#      failure, and the edition's own checks (sqlonly/test/edition.sql, one); then the TAP tests of test/sqlonly/t/ (installing through pg_tle and
 #      as plain SQL by roles without superuser, updates, pg_cron reaping on schedule,
 #      a load with a crash, another role's keys, amcheck), each assertion one pass or
 #      failure. Without a pg_tle or pg_cron source a line "not run: ... (why)" names
@@ -756,14 +756,24 @@ sqlonly_addon() {
   esac
 }
 
-# run_sqlonly_suite KIND VERSION COPY: test/sqlonly/run.sh for REGRESS or ISOLATION,
-# each test one pass or failure; a test that gave no result counts as failed.
+# run_sqlonly_suite KIND VERSION COPY: test/sqlonly/run.sh for REGRESS or ISOLATION, or
+# the edition's own checks (sqlonly/test/edition.sql), each test one pass or failure; a
+# test that gave no result counts as failed.
 run_sqlonly_suite() {
   local kind=$1 version=$2 copy=$3 variable tests out log status=0 ok bad missing
-  variable=$( [ "$kind" = regress ] && echo REGRESS || echo ISOLATION)
+  case $kind in
+    regress) variable=REGRESS ;;
+    isolation) variable=ISOLATION ;;
+    *) variable="" ;;
+  esac
   out=$work/sqlonly-pg$version/$kind log=$work/sqlonly-pg$version-$kind.log
-  say "SQL-only edition, PostgreSQL $version: $kind ($variable in the Makefile, through pg_tle)"
-  read -ra tests < <(make_var "$variable")
+  if [ -n "$variable" ]; then
+    say "SQL-only edition, PostgreSQL $version: $kind ($variable in the Makefile, through pg_tle)"
+    read -ra tests < <(make_var "$variable")
+  else
+    say "SQL-only edition, PostgreSQL $version: sqlonly/test/edition.sql (through pg_tle)"
+    tests=(edition)
+  fi
   (cd "$work/src" && timeout -k 30 "$REGRESS_TIMEOUT" \
      test/sqlonly/run.sh "$kind" "$copy" "$sqlonly_dist" "$out" "${tests[@]}") 2>&1 | tee "$log" ||
     status=$?
@@ -837,6 +847,7 @@ run_sqlonly() {
   if [ "$tle_ok" = 1 ]; then
     run_sqlonly_suite regress "$version" "$copy"
     run_sqlonly_suite isolation "$version" "$copy"
+    run_sqlonly_suite edition "$version" "$copy"
   fi
   run_sqlonly_tap "$version" "$copy"
 }
