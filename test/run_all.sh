@@ -839,7 +839,7 @@ run_sqlonly() {
   fi
   echo "copy: $copy ($("$copy/bin/pg_config" --version))"
   sqlonly_addon pg_tle "$version" "$copy" \
-    "the SQL-only edition's REGRESS and ISOLATION through pg_tle, $(sqlonly_tap_needing pg_tle)"
+    "the SQL-only edition's REGRESS, ISOLATION and sqlonly/test/edition.sql through pg_tle, $(sqlonly_tap_needing pg_tle)"
   tle_ok=$addon_ok
   sqlonly_addon pg_cron "$version" "$copy" "$(sqlonly_tap_needing pg_cron)"
   cron_ok=$addon_ok
