@@ -262,12 +262,10 @@ BEGIN
       -- The aggregate's next seq, if its counter can be locked at once (no one else
       -- holds it, or this transaction does): the counter's row, updated in place, then
       -- makes the next emitter for the aggregate wait until this transaction ends.
-      WITH free AS (
-        SELECT a.topic, a.aggregate FROM idempotency.outbox_aggregates a
-        WHERE a.topic = v_topic AND a.aggregate = v_aggregate
-        FOR UPDATE SKIP LOCKED)
       UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq + 1
-        FROM free WHERE a.topic = free.topic AND a.aggregate = free.aggregate
+        WHERE a.ctid = (SELECT f.ctid FROM idempotency.outbox_aggregates f
+                        WHERE f.topic = v_topic AND f.aggregate = v_aggregate
+                        FOR UPDATE SKIP LOCKED)
         RETURNING a.last_seq INTO v_seq;
     END IF;
     IF v_aggregate IS NULL OR v_seq IS NOT NULL THEN
@@ -304,12 +302,10 @@ BEGIN
       IF v_aggregate IS NOT NULL THEN
         waiting_for := 'aggregate';
         v_seq := NULL;
-        WITH free AS (
-          SELECT a.topic, a.aggregate FROM idempotency.outbox_aggregates a
-          WHERE a.topic = v_topic AND a.aggregate = v_aggregate
-          FOR UPDATE SKIP LOCKED)
         UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq + 1
-          FROM free WHERE a.topic = free.topic AND a.aggregate = free.aggregate
+          WHERE a.ctid = (SELECT f.ctid FROM idempotency.outbox_aggregates f
+                          WHERE f.topic = v_topic AND f.aggregate = v_aggregate
+                          FOR UPDATE SKIP LOCKED)
           RETURNING a.last_seq INTO v_seq;
         IF v_seq IS NULL THEN
           INSERT INTO idempotency.outbox_aggregates AS a (topic, aggregate, last_seq)
@@ -453,16 +449,16 @@ BEGIN
       CONTINUE WHEN c.aggregate IS NOT NULL
                     AND (NOT c.gate_open OR c.topic || E'\n' || c.aggregate = ANY (blocked));
       -- Leased if no one else holds its row, deciding on its newest version.
-      WITH free AS (
-        SELECT o.event_id FROM idempotency.outbox o
-        WHERE o.event_id = c.event_id AND o.state = 'p'
-          AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= v_now)
-          AND NOT (o.attempt = 0 AND coalesce(o.xact = mine, false))
-        FOR UPDATE SKIP LOCKED)
       UPDATE idempotency.outbox o
         SET attempt = o.attempt + 1, relay = v_relay, lease_expires_at = lease_end,
             xact = pg_current_xact_id()
-        FROM free WHERE o.event_id = free.event_id
+        WHERE o.ctid = (SELECT f.ctid FROM idempotency.outbox f
+                        -- (state as text: not the pending index's predicate,
+                        -- which a generic plan made on a small outbox would scan)
+                        WHERE f.event_id = c.event_id AND f.state::text = 'p'
+                          AND (f.lease_expires_at IS NULL OR f.lease_expires_at <= v_now)
+                          AND NOT (f.attempt = 0 AND coalesce(f.xact = mine, false))
+                        FOR UPDATE SKIP LOCKED)
         RETURNING o.event_id, o.topic, o.aggregate, o.seq, o.payload, o.headers,
                   o.emitted_at, o.attempt INTO r;
       IF r.event_id IS NOT NULL THEN
@@ -481,7 +477,7 @@ BEGIN
       ELSIF c.aggregate IS NOT NULL THEN
         -- Another transaction holds it, or it changed since the scan: still pending,
         -- it closes its aggregate for this batch (delivered or dead, it does not).
-        PERFORM FROM idempotency.outbox o WHERE o.event_id = c.event_id AND o.state = 'p';
+        PERFORM FROM idempotency.outbox o WHERE o.event_id = c.event_id AND o.state::text = 'p';
         IF FOUND THEN
           blocked := blocked || (c.topic || E'\n' || c.aggregate);
         END IF;
@@ -497,9 +493,11 @@ END $$;
 -- queue (in one subtransaction, at most idempotency.wait_timeout: events still busy
 -- then are left as they are, and a relay will have them again).
 -- `how`: 'ack', 'dead' or 'retry'; `ids` NULL (retry only): every dead letter.
+-- (enable_seqscan off: PL/pgSQL keeps a generic plan, and one made while the outbox was
+-- small would read the whole outbox, not the listed rows, once it is large.)
 CREATE FUNCTION idempotency._settle(how text, relay text, ids text[], reason text)
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
 DECLARE
   v_relay text := relay;
   v_reason text := reason;
@@ -520,23 +518,20 @@ BEGIN
   -- An ack or dead counts for events last handed out to this relay and neither
   -- delivered nor dead since (a late relay's ack, after another took the event, is
   -- ignored); a retry for dead letters.
-  WITH free AS (
-    SELECT o.event_id FROM idempotency.outbox o
-    WHERE o.event_id = ANY (ids)
-      AND CASE WHEN how = 'retry' THEN o.state = 'x'
-               ELSE o.state = 'p' AND o.relay = v_relay AND o.lease_expires_at IS NOT NULL END
-    FOR UPDATE SKIP LOCKED),
-  changed AS (
-    UPDATE idempotency.outbox o SET
-        state = CASE how WHEN 'ack' THEN 'd' WHEN 'dead' THEN 'x' ELSE 'p' END,
-        delivered_at = CASE WHEN how = 'ack' THEN v_now ELSE o.delivered_at END,
-        lease_expires_at = NULL,
-        relay = CASE WHEN how = 'retry' THEN NULL ELSE o.relay END,
-        reason = CASE WHEN how = 'dead' THEN v_reason ELSE o.reason END,
-        xact = pg_current_xact_id()
-      FROM free WHERE o.event_id = free.event_id
-      RETURNING 1)
-  SELECT count(*) INTO settled FROM changed;
+  UPDATE idempotency.outbox o SET
+      state = CASE how WHEN 'ack' THEN 'd' WHEN 'dead' THEN 'x' ELSE 'p' END,
+      delivered_at = CASE WHEN how = 'ack' THEN v_now ELSE o.delivered_at END,
+      lease_expires_at = NULL,
+      relay = CASE WHEN how = 'retry' THEN NULL ELSE o.relay END,
+      reason = CASE WHEN how = 'dead' THEN v_reason ELSE o.reason END,
+      xact = pg_current_xact_id()
+    WHERE o.ctid = ANY (ARRAY(
+      SELECT f.ctid FROM idempotency.outbox f
+      WHERE f.event_id = ANY (ids)
+        AND CASE WHEN how = 'retry' THEN f.state = 'x'
+                 ELSE f.state = 'p' AND f.relay = v_relay AND f.lease_expires_at IS NOT NULL END
+      FOR UPDATE SKIP LOCKED));
+  GET DIAGNOSTICS settled = ROW_COUNT;
 
   -- What is left qualifying is held by another transaction.
   SELECT array_agg(o.event_id::text ORDER BY o.event_id) INTO busy FROM idempotency.outbox o
@@ -777,7 +772,8 @@ REVOKE ALL ON FUNCTION idempotency._outbox_stats() FROM PUBLIC;
 -- what a transaction in progress wrote); skips rows another transaction holds.
 -- Returns how many it removed.
 CREATE FUNCTION idempotency._reap_outbox(max_rows bigint) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off AS $$
 DECLARE
   retention interval :=
     make_interval(secs => idempotency._setting('idempotency.outbox_retention', 's', 0));
@@ -790,10 +786,9 @@ BEGIN
       AND o.xact IS DISTINCT FROM mine
     ORDER BY o.delivered_at
     LIMIT max_rows
-    FOR UPDATE SKIP LOCKED),
-  deleted AS (
-    DELETE FROM idempotency.outbox o USING gone WHERE o.ctid = gone.ctid RETURNING 1)
-  SELECT count(*) INTO removed FROM deleted;
+    FOR UPDATE SKIP LOCKED)
+  DELETE FROM idempotency.outbox o WHERE o.ctid = ANY (ARRAY(SELECT gone.ctid FROM gone));
+  GET DIAGNOSTICS removed = ROW_COUNT;
   RETURN removed;
 END $$;
 REVOKE ALL ON FUNCTION idempotency._reap_outbox(bigint) FROM PUBLIC;
@@ -802,20 +797,32 @@ REVOKE ALL ON FUNCTION idempotency._reap_outbox(bigint) FROM PUBLIC;
 -- were not written by this transaction, or whose role no longer exists; skips rows
 -- another transaction holds. Returns how many it removed.
 CREATE FUNCTION idempotency._reap_applied_versions(max_rows bigint) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off AS $$
 DECLARE
+  budget bigint := coalesce(max_rows, 9223372036854775807);
   mine xid8 := pg_current_xact_id_if_assigned();
   removed bigint;
+  orphans bigint := 0;
 BEGIN
   WITH gone AS (
     SELECT a.ctid FROM idempotency.applied_versions a
-    WHERE (a.expires_at <= clock_timestamp() AND a.xact IS DISTINCT FROM mine)
-       OR NOT EXISTS (SELECT FROM pg_roles r WHERE r.oid = a.role)
-    LIMIT max_rows
-    FOR UPDATE OF a SKIP LOCKED),
-  deleted AS (
-    DELETE FROM idempotency.applied_versions a USING gone WHERE a.ctid = gone.ctid RETURNING 1)
-  SELECT count(*) INTO removed FROM deleted;
-  RETURN removed;
+    WHERE a.expires_at <= clock_timestamp() AND a.xact IS DISTINCT FROM mine
+    LIMIT budget
+    FOR UPDATE SKIP LOCKED)
+  DELETE FROM idempotency.applied_versions a WHERE a.ctid = ANY (ARRAY(SELECT gone.ctid FROM gone));
+  GET DIAGNOSTICS removed = ROW_COUNT;
+  IF removed < budget THEN
+    -- The records of roles that no longer exist (DROP ROLE leaves them: regrole is an
+    -- oid), as the keys' (idem_reap).
+    WITH gone AS (
+      SELECT a.ctid FROM idempotency.applied_versions a
+      WHERE NOT EXISTS (SELECT FROM pg_roles r WHERE r.oid = a.role)
+      LIMIT budget - removed
+      FOR UPDATE OF a SKIP LOCKED)
+    DELETE FROM idempotency.applied_versions a WHERE a.ctid = ANY (ARRAY(SELECT gone.ctid FROM gone));
+    GET DIAGNOSTICS orphans = ROW_COUNT;
+  END IF;
+  RETURN removed + orphans;
 END $$;
 REVOKE ALL ON FUNCTION idempotency._reap_applied_versions(bigint) FROM PUBLIC;
