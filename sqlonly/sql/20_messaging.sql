@@ -734,7 +734,14 @@ BEGIN
   END;
   RETURN coalesce(applied, false);
 END $$;
--- Granted to PUBLIC, like idem_claim: a role's records are its own.
+-- Granted to PUBLIC, like idem_claim: a role's records are its own. Who may record
+-- versions is a matter of EXECUTE on it, however a role tries (the function or an
+-- INSERT of its own, which row-level security lets it make): a restrictive policy,
+-- as for keys (10_keys.sql).
+CREATE POLICY applied_versions_added_by_appliers ON idempotency.applied_versions
+  AS RESTRICTIVE FOR INSERT
+  WITH CHECK (pg_catalog.has_function_privilege(
+    'idem_apply_version(text, text, bigint, interval)'::pg_catalog.regprocedure, 'EXECUTE'));
 
 ------------------------------------------------------------------------------
 -- For idem_stats and idem_reap (30_operations.sql). Not granted to PUBLIC.
