@@ -221,6 +221,7 @@ DECLARE
   own text;
   waiting_for text;
   id_busy boolean;
+  taken integer;
 BEGIN
   -- Arguments, in the native order; then 25006, before anything is read. (Checked
   -- here, and the helpers called only to raise: each call of a function with a SET
@@ -283,6 +284,36 @@ BEGIN
   -- this id); then the id is inserted without waiting (1 ms): if another transaction
   -- is emitting it, everything is taken back (the subtransaction), that transaction is
   -- waited for holding nothing, and the emit looks again.
+  taken := coalesce(nullif(current_setting('idempotency.subtransactions', true), ''), '0')::integer;
+  IF taken >= 48 THEN
+    -- No more subtransactions in this transaction (idempotency._take_subtransaction):
+    -- the writes run in it, and a wait is bounded by lock_timeout and the deadlock
+    -- detector alone.
+    IF v_aggregate IS NOT NULL THEN
+      UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq + 1
+        WHERE a.ctid = (SELECT f.ctid FROM idempotency.outbox_aggregates f
+                        WHERE f.topic = v_topic AND f.aggregate = v_aggregate
+                        FOR UPDATE SKIP LOCKED)
+        RETURNING a.last_seq INTO v_seq;
+      IF v_seq IS NULL THEN
+        INSERT INTO idempotency.outbox_aggregates AS a (topic, aggregate, last_seq)
+          VALUES (v_topic, v_aggregate, 1)
+          ON CONFLICT ON CONSTRAINT outbox_aggregates_pkey DO UPDATE SET last_seq = a.last_seq + 1
+          RETURNING a.last_seq INTO v_seq;
+      END IF;
+    END IF;
+    INSERT INTO idempotency.outbox AS o (event_id, position, topic, aggregate, seq, payload,
+                                         headers, emitted_at, state, attempt, xact)
+      VALUES (v_id, nextval('idempotency.outbox_position'), v_topic, v_aggregate, v_seq,
+              v_payload, v_headers, clock_timestamp(), 'p', 0, pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING;
+    IF NOT FOUND AND v_seq IS NOT NULL THEN
+      UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq - 1
+        WHERE a.topic = v_topic AND a.aggregate = v_aggregate;
+    END IF;
+    RETURN v_id;
+  END IF;
+  PERFORM set_config('idempotency.subtransactions', (taken + 1)::text, true);
   started := clock_timestamp();
   own := current_setting('lock_timeout');
   IF own = '0' AND coalesce(current_setting('idempotency.wait_timeout', true), '') = '' THEN
@@ -541,6 +572,22 @@ BEGIN
   IF busy IS NULL THEN
     RETURN settled;
   END IF;
+  IF NOT idempotency._take_subtransaction() THEN
+    -- None left in this transaction: written in it, a wait bounded by lock_timeout and
+    -- the deadlock detector alone.
+    UPDATE idempotency.outbox o SET
+        state = CASE how WHEN 'ack' THEN 'd' WHEN 'dead' THEN 'x' ELSE 'p' END,
+        delivered_at = CASE WHEN how = 'ack' THEN v_now ELSE o.delivered_at END,
+        lease_expires_at = NULL,
+        relay = CASE WHEN how = 'retry' THEN NULL ELSE o.relay END,
+        reason = CASE WHEN how = 'dead' THEN v_reason ELSE o.reason END,
+        xact = pg_current_xact_id()
+      WHERE o.event_id = ANY (busy)
+        AND CASE WHEN how = 'retry' THEN o.state = 'x'
+                 ELSE o.state = 'p' AND o.relay = v_relay AND o.lease_expires_at IS NOT NULL END;
+    GET DIAGNOSTICS more = ROW_COUNT;
+    RETURN settled + more;
+  END IF;
   BEGIN
     timeout := idempotency._lock_timeout(idempotency._wait_ms(NULL));
     IF timeout IS NOT NULL THEN
@@ -661,6 +708,7 @@ DECLARE
   applied pg_catalog.bool;
   timeout pg_catalog.text;
   own pg_catalog.text;
+  taken pg_catalog.int4;
 BEGIN
   -- Arguments, in the native order; then 25006, before anything is read.
   IF v_scope IS NULL OR v_entity IS NULL OR v_version IS NULL
@@ -698,7 +746,24 @@ BEGIN
   END IF;
 
   -- Record it, deciding on the newest version of the record: waits (bounded) for
-  -- another transaction writing it, in the one subtransaction.
+  -- another transaction writing it, in the one subtransaction (at most 48 in a
+  -- transaction: idempotency._take_subtransaction).
+  taken := coalesce(nullif(pg_catalog.current_setting('idempotency.subtransactions', true), ''),
+                    '0')::pg_catalog.int4;
+  IF taken OPERATOR(pg_catalog.>=) 48 THEN
+    INSERT INTO idempotency.applied_versions AS a (role, expires_at, version, scope, entity, xact)
+      VALUES (me, v_now OPERATOR(pg_catalog.+) v_ttl, v_version, v_scope, v_entity,
+              pg_catalog.pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT applied_versions_pkey DO UPDATE
+        SET expires_at = excluded.expires_at, version = excluded.version, xact = excluded.xact
+        WHERE NOT ((a.expires_at OPERATOR(pg_catalog.>) v_now
+                    OR a.xact OPERATOR(pg_catalog.=) excluded.xact)
+                   AND a.version OPERATOR(pg_catalog.>=) excluded.version)
+      RETURNING true INTO applied;
+    RETURN coalesce(applied, false);
+  END IF;
+  PERFORM pg_catalog.set_config('idempotency.subtransactions',
+                                (taken OPERATOR(pg_catalog.+) 1)::pg_catalog.text, true);
   BEGIN
     own := pg_catalog.current_setting('lock_timeout');
     IF own OPERATOR(pg_catalog.=) '0'

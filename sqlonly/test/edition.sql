@@ -194,6 +194,22 @@ RESET ROLE;
 REVOKE EXECUTE ON FUNCTION idem_emit(text, jsonb, text, jsonb, idem_key) FROM regress_sqled_a;
 REVOKE EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text[]),
   idem_outbox_ack(text, idem_key[]) FROM regress_sqled_b;
+-- Messaging's writes share the transaction's 48 subtransactions with the keys' (a
+-- transaction of many emits and applies does not overflow PostgreSQL's cache of 64).
+BEGIN;
+DO $$
+BEGIN
+  ASSERT (SELECT count(idem_emit('sqled', '{}', 'agg-' || g, event_id => ('sqled-m' || g)::idem_key))
+          FROM generate_series(1, 60) g) = 60, 'emits';
+  ASSERT (SELECT count(*) FILTER (WHERE idem_apply_version('sqled', 'm' || g, 1))
+          FROM generate_series(1, 60) g) = 60, 'applies';
+  ASSERT current_setting('idempotency.subtransactions') = '48',
+    format('%s subtransactions taken', current_setting('idempotency.subtransactions'));
+  ASSERT (SELECT count(*) FROM idempotency.outbox
+          WHERE topic = 'sqled' AND aggregate LIKE 'agg-%' AND seq = 1) = 60,
+    'not every emit stored its event';
+END $$;
+COMMIT;
 DELETE FROM idempotency.applied_versions WHERE scope = 'sqled';
 DELETE FROM idempotency.outbox WHERE topic = 'sqled';
 DELETE FROM idempotency.outbox_aggregates WHERE topic = 'sqled';
