@@ -221,6 +221,7 @@ DECLARE
   own text;
   waiting_for text;
   id_busy boolean;
+  taken integer;
 BEGIN
   -- Arguments, in the native order; then 25006, before anything is read. (Checked
   -- here, and the helpers called only to raise: each call of a function with a SET
@@ -262,12 +263,10 @@ BEGIN
       -- The aggregate's next seq, if its counter can be locked at once (no one else
       -- holds it, or this transaction does): the counter's row, updated in place, then
       -- makes the next emitter for the aggregate wait until this transaction ends.
-      WITH free AS (
-        SELECT a.topic, a.aggregate FROM idempotency.outbox_aggregates a
-        WHERE a.topic = v_topic AND a.aggregate = v_aggregate
-        FOR UPDATE SKIP LOCKED)
       UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq + 1
-        FROM free WHERE a.topic = free.topic AND a.aggregate = free.aggregate
+        WHERE a.ctid = (SELECT f.ctid FROM idempotency.outbox_aggregates f
+                        WHERE f.topic = v_topic AND f.aggregate = v_aggregate
+                        FOR UPDATE SKIP LOCKED)
         RETURNING a.last_seq INTO v_seq;
     END IF;
     IF v_aggregate IS NULL OR v_seq IS NOT NULL THEN
@@ -285,6 +284,36 @@ BEGIN
   -- this id); then the id is inserted without waiting (1 ms): if another transaction
   -- is emitting it, everything is taken back (the subtransaction), that transaction is
   -- waited for holding nothing, and the emit looks again.
+  taken := coalesce(nullif(current_setting('idempotency.subtransactions', true), ''), '0')::integer;
+  IF taken >= 48 THEN
+    -- No more subtransactions in this transaction (idempotency._take_subtransaction):
+    -- the writes run in it, and a wait is bounded by lock_timeout and the deadlock
+    -- detector alone.
+    IF v_aggregate IS NOT NULL THEN
+      UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq + 1
+        WHERE a.ctid = (SELECT f.ctid FROM idempotency.outbox_aggregates f
+                        WHERE f.topic = v_topic AND f.aggregate = v_aggregate
+                        FOR UPDATE SKIP LOCKED)
+        RETURNING a.last_seq INTO v_seq;
+      IF v_seq IS NULL THEN
+        INSERT INTO idempotency.outbox_aggregates AS a (topic, aggregate, last_seq)
+          VALUES (v_topic, v_aggregate, 1)
+          ON CONFLICT ON CONSTRAINT outbox_aggregates_pkey DO UPDATE SET last_seq = a.last_seq + 1
+          RETURNING a.last_seq INTO v_seq;
+      END IF;
+    END IF;
+    INSERT INTO idempotency.outbox AS o (event_id, position, topic, aggregate, seq, payload,
+                                         headers, emitted_at, state, attempt, xact)
+      VALUES (v_id, nextval('idempotency.outbox_position'), v_topic, v_aggregate, v_seq,
+              v_payload, v_headers, clock_timestamp(), 'p', 0, pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING;
+    IF NOT FOUND AND v_seq IS NOT NULL THEN
+      UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq - 1
+        WHERE a.topic = v_topic AND a.aggregate = v_aggregate;
+    END IF;
+    RETURN v_id;
+  END IF;
+  PERFORM set_config('idempotency.subtransactions', (taken + 1)::text, true);
   started := clock_timestamp();
   own := current_setting('lock_timeout');
   IF own = '0' AND coalesce(current_setting('idempotency.wait_timeout', true), '') = '' THEN
@@ -304,12 +333,10 @@ BEGIN
       IF v_aggregate IS NOT NULL THEN
         waiting_for := 'aggregate';
         v_seq := NULL;
-        WITH free AS (
-          SELECT a.topic, a.aggregate FROM idempotency.outbox_aggregates a
-          WHERE a.topic = v_topic AND a.aggregate = v_aggregate
-          FOR UPDATE SKIP LOCKED)
         UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq + 1
-          FROM free WHERE a.topic = free.topic AND a.aggregate = free.aggregate
+          WHERE a.ctid = (SELECT f.ctid FROM idempotency.outbox_aggregates f
+                          WHERE f.topic = v_topic AND f.aggregate = v_aggregate
+                          FOR UPDATE SKIP LOCKED)
           RETURNING a.last_seq INTO v_seq;
         IF v_seq IS NULL THEN
           INSERT INTO idempotency.outbox_aggregates AS a (topic, aggregate, last_seq)
@@ -453,16 +480,16 @@ BEGIN
       CONTINUE WHEN c.aggregate IS NOT NULL
                     AND (NOT c.gate_open OR c.topic || E'\n' || c.aggregate = ANY (blocked));
       -- Leased if no one else holds its row, deciding on its newest version.
-      WITH free AS (
-        SELECT o.event_id FROM idempotency.outbox o
-        WHERE o.event_id = c.event_id AND o.state = 'p'
-          AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= v_now)
-          AND NOT (o.attempt = 0 AND coalesce(o.xact = mine, false))
-        FOR UPDATE SKIP LOCKED)
       UPDATE idempotency.outbox o
         SET attempt = o.attempt + 1, relay = v_relay, lease_expires_at = lease_end,
             xact = pg_current_xact_id()
-        FROM free WHERE o.event_id = free.event_id
+        WHERE o.ctid = (SELECT f.ctid FROM idempotency.outbox f
+                        -- (state as text: not the pending index's predicate,
+                        -- which a generic plan made on a small outbox would scan)
+                        WHERE f.event_id = c.event_id AND f.state::text = 'p'
+                          AND (f.lease_expires_at IS NULL OR f.lease_expires_at <= v_now)
+                          AND NOT (f.attempt = 0 AND coalesce(f.xact = mine, false))
+                        FOR UPDATE SKIP LOCKED)
         RETURNING o.event_id, o.topic, o.aggregate, o.seq, o.payload, o.headers,
                   o.emitted_at, o.attempt INTO r;
       IF r.event_id IS NOT NULL THEN
@@ -481,7 +508,7 @@ BEGIN
       ELSIF c.aggregate IS NOT NULL THEN
         -- Another transaction holds it, or it changed since the scan: still pending,
         -- it closes its aggregate for this batch (delivered or dead, it does not).
-        PERFORM FROM idempotency.outbox o WHERE o.event_id = c.event_id AND o.state = 'p';
+        PERFORM FROM idempotency.outbox o WHERE o.event_id = c.event_id AND o.state::text = 'p';
         IF FOUND THEN
           blocked := blocked || (c.topic || E'\n' || c.aggregate);
         END IF;
@@ -497,9 +524,11 @@ END $$;
 -- queue (in one subtransaction, at most idempotency.wait_timeout: events still busy
 -- then are left as they are, and a relay will have them again).
 -- `how`: 'ack', 'dead' or 'retry'; `ids` NULL (retry only): every dead letter.
+-- (enable_seqscan off: PL/pgSQL keeps a generic plan, and one made while the outbox was
+-- small would read the whole outbox, not the listed rows, once it is large.)
 CREATE FUNCTION idempotency._settle(how text, relay text, ids text[], reason text)
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
 DECLARE
   v_relay text := relay;
   v_reason text := reason;
@@ -520,23 +549,20 @@ BEGIN
   -- An ack or dead counts for events last handed out to this relay and neither
   -- delivered nor dead since (a late relay's ack, after another took the event, is
   -- ignored); a retry for dead letters.
-  WITH free AS (
-    SELECT o.event_id FROM idempotency.outbox o
-    WHERE o.event_id = ANY (ids)
-      AND CASE WHEN how = 'retry' THEN o.state = 'x'
-               ELSE o.state = 'p' AND o.relay = v_relay AND o.lease_expires_at IS NOT NULL END
-    FOR UPDATE SKIP LOCKED),
-  changed AS (
-    UPDATE idempotency.outbox o SET
-        state = CASE how WHEN 'ack' THEN 'd' WHEN 'dead' THEN 'x' ELSE 'p' END,
-        delivered_at = CASE WHEN how = 'ack' THEN v_now ELSE o.delivered_at END,
-        lease_expires_at = NULL,
-        relay = CASE WHEN how = 'retry' THEN NULL ELSE o.relay END,
-        reason = CASE WHEN how = 'dead' THEN v_reason ELSE o.reason END,
-        xact = pg_current_xact_id()
-      FROM free WHERE o.event_id = free.event_id
-      RETURNING 1)
-  SELECT count(*) INTO settled FROM changed;
+  UPDATE idempotency.outbox o SET
+      state = CASE how WHEN 'ack' THEN 'd' WHEN 'dead' THEN 'x' ELSE 'p' END,
+      delivered_at = CASE WHEN how = 'ack' THEN v_now ELSE o.delivered_at END,
+      lease_expires_at = NULL,
+      relay = CASE WHEN how = 'retry' THEN NULL ELSE o.relay END,
+      reason = CASE WHEN how = 'dead' THEN v_reason ELSE o.reason END,
+      xact = pg_current_xact_id()
+    WHERE o.ctid = ANY (ARRAY(
+      SELECT f.ctid FROM idempotency.outbox f
+      WHERE f.event_id = ANY (ids)
+        AND CASE WHEN how = 'retry' THEN f.state = 'x'
+                 ELSE f.state = 'p' AND f.relay = v_relay AND f.lease_expires_at IS NOT NULL END
+      FOR UPDATE SKIP LOCKED));
+  GET DIAGNOSTICS settled = ROW_COUNT;
 
   -- What is left qualifying is held by another transaction.
   SELECT array_agg(o.event_id::text ORDER BY o.event_id) INTO busy FROM idempotency.outbox o
@@ -545,6 +571,22 @@ BEGIN
                ELSE o.state = 'p' AND o.relay = v_relay AND o.lease_expires_at IS NOT NULL END;
   IF busy IS NULL THEN
     RETURN settled;
+  END IF;
+  IF NOT idempotency._take_subtransaction() THEN
+    -- None left in this transaction: written in it, a wait bounded by lock_timeout and
+    -- the deadlock detector alone.
+    UPDATE idempotency.outbox o SET
+        state = CASE how WHEN 'ack' THEN 'd' WHEN 'dead' THEN 'x' ELSE 'p' END,
+        delivered_at = CASE WHEN how = 'ack' THEN v_now ELSE o.delivered_at END,
+        lease_expires_at = NULL,
+        relay = CASE WHEN how = 'retry' THEN NULL ELSE o.relay END,
+        reason = CASE WHEN how = 'dead' THEN v_reason ELSE o.reason END,
+        xact = pg_current_xact_id()
+      WHERE o.event_id = ANY (busy)
+        AND CASE WHEN how = 'retry' THEN o.state = 'x'
+                 ELSE o.state = 'p' AND o.relay = v_relay AND o.lease_expires_at IS NOT NULL END;
+    GET DIAGNOSTICS more = ROW_COUNT;
+    RETURN settled + more;
   END IF;
   BEGIN
     timeout := idempotency._lock_timeout(idempotency._wait_ms(NULL));
@@ -666,6 +708,7 @@ DECLARE
   applied pg_catalog.bool;
   timeout pg_catalog.text;
   own pg_catalog.text;
+  taken pg_catalog.int4;
 BEGIN
   -- Arguments, in the native order; then 25006, before anything is read.
   IF v_scope IS NULL OR v_entity IS NULL OR v_version IS NULL
@@ -703,7 +746,24 @@ BEGIN
   END IF;
 
   -- Record it, deciding on the newest version of the record: waits (bounded) for
-  -- another transaction writing it, in the one subtransaction.
+  -- another transaction writing it, in the one subtransaction (at most 48 in a
+  -- transaction: idempotency._take_subtransaction).
+  taken := coalesce(nullif(pg_catalog.current_setting('idempotency.subtransactions', true), ''),
+                    '0')::pg_catalog.int4;
+  IF taken OPERATOR(pg_catalog.>=) 48 THEN
+    INSERT INTO idempotency.applied_versions AS a (role, expires_at, version, scope, entity, xact)
+      VALUES (me, v_now OPERATOR(pg_catalog.+) v_ttl, v_version, v_scope, v_entity,
+              pg_catalog.pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT applied_versions_pkey DO UPDATE
+        SET expires_at = excluded.expires_at, version = excluded.version, xact = excluded.xact
+        WHERE NOT ((a.expires_at OPERATOR(pg_catalog.>) v_now
+                    OR a.xact OPERATOR(pg_catalog.=) excluded.xact)
+                   AND a.version OPERATOR(pg_catalog.>=) excluded.version)
+      RETURNING true INTO applied;
+    RETURN coalesce(applied, false);
+  END IF;
+  PERFORM pg_catalog.set_config('idempotency.subtransactions',
+                                (taken OPERATOR(pg_catalog.+) 1)::pg_catalog.text, true);
   BEGIN
     own := pg_catalog.current_setting('lock_timeout');
     IF own OPERATOR(pg_catalog.=) '0'
@@ -739,7 +799,14 @@ BEGIN
   END;
   RETURN coalesce(applied, false);
 END $$;
--- Granted to PUBLIC, like idem_claim: a role's records are its own.
+-- Granted to PUBLIC, like idem_claim: a role's records are its own. Who may record
+-- versions is a matter of EXECUTE on it, however a role tries (the function or an
+-- INSERT of its own, which row-level security lets it make): a restrictive policy,
+-- as for keys (10_keys.sql).
+CREATE POLICY applied_versions_added_by_appliers ON idempotency.applied_versions
+  AS RESTRICTIVE FOR INSERT
+  WITH CHECK (pg_catalog.has_function_privilege(
+    'idem_apply_version(text, text, bigint, interval)'::pg_catalog.regprocedure, 'EXECUTE'));
 
 ------------------------------------------------------------------------------
 -- For idem_stats and idem_reap (30_operations.sql). Not granted to PUBLIC.
@@ -777,7 +844,8 @@ REVOKE ALL ON FUNCTION idempotency._outbox_stats() FROM PUBLIC;
 -- what a transaction in progress wrote); skips rows another transaction holds.
 -- Returns how many it removed.
 CREATE FUNCTION idempotency._reap_outbox(max_rows bigint) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off AS $$
 DECLARE
   retention interval :=
     make_interval(secs => idempotency._setting('idempotency.outbox_retention', 's', 0));
@@ -790,10 +858,9 @@ BEGIN
       AND o.xact IS DISTINCT FROM mine
     ORDER BY o.delivered_at
     LIMIT max_rows
-    FOR UPDATE SKIP LOCKED),
-  deleted AS (
-    DELETE FROM idempotency.outbox o USING gone WHERE o.ctid = gone.ctid RETURNING 1)
-  SELECT count(*) INTO removed FROM deleted;
+    FOR UPDATE SKIP LOCKED)
+  DELETE FROM idempotency.outbox o WHERE o.ctid = ANY (ARRAY(SELECT gone.ctid FROM gone));
+  GET DIAGNOSTICS removed = ROW_COUNT;
   RETURN removed;
 END $$;
 REVOKE ALL ON FUNCTION idempotency._reap_outbox(bigint) FROM PUBLIC;
@@ -802,20 +869,32 @@ REVOKE ALL ON FUNCTION idempotency._reap_outbox(bigint) FROM PUBLIC;
 -- were not written by this transaction, or whose role no longer exists; skips rows
 -- another transaction holds. Returns how many it removed.
 CREATE FUNCTION idempotency._reap_applied_versions(max_rows bigint) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off AS $$
 DECLARE
+  budget bigint := coalesce(max_rows, 9223372036854775807);
   mine xid8 := pg_current_xact_id_if_assigned();
   removed bigint;
+  orphans bigint := 0;
 BEGIN
   WITH gone AS (
     SELECT a.ctid FROM idempotency.applied_versions a
-    WHERE (a.expires_at <= clock_timestamp() AND a.xact IS DISTINCT FROM mine)
-       OR NOT EXISTS (SELECT FROM pg_roles r WHERE r.oid = a.role)
-    LIMIT max_rows
-    FOR UPDATE OF a SKIP LOCKED),
-  deleted AS (
-    DELETE FROM idempotency.applied_versions a USING gone WHERE a.ctid = gone.ctid RETURNING 1)
-  SELECT count(*) INTO removed FROM deleted;
-  RETURN removed;
+    WHERE a.expires_at <= clock_timestamp() AND a.xact IS DISTINCT FROM mine
+    LIMIT budget
+    FOR UPDATE SKIP LOCKED)
+  DELETE FROM idempotency.applied_versions a WHERE a.ctid = ANY (ARRAY(SELECT gone.ctid FROM gone));
+  GET DIAGNOSTICS removed = ROW_COUNT;
+  IF removed < budget THEN
+    -- The records of roles that no longer exist (DROP ROLE leaves them: regrole is an
+    -- oid), as the keys' (idem_reap).
+    WITH gone AS (
+      SELECT a.ctid FROM idempotency.applied_versions a
+      WHERE NOT EXISTS (SELECT FROM pg_roles r WHERE r.oid = a.role)
+      LIMIT budget - removed
+      FOR UPDATE OF a SKIP LOCKED)
+    DELETE FROM idempotency.applied_versions a WHERE a.ctid = ANY (ARRAY(SELECT gone.ctid FROM gone));
+    GET DIAGNOSTICS orphans = ROW_COUNT;
+  END IF;
+  RETURN removed + orphans;
 END $$;
 REVOKE ALL ON FUNCTION idempotency._reap_applied_versions(bigint) FROM PUBLIC;
