@@ -756,6 +756,12 @@ sqlonly_addon() {
   esac
 }
 
+# sqlonly_native_only TEST: whether test/sqlonly/native_only lists TEST (a test of the
+# native edition's internals, left out of the SQL-only edition's run).
+sqlonly_native_only() {
+  grep -qE "^$1([[:space:]]|\$)" "$work/src/test/sqlonly/native_only" 2>/dev/null
+}
+
 # run_sqlonly_suite KIND VERSION COPY: test/sqlonly/run.sh for REGRESS or ISOLATION, or
 # the edition's own checks (sqlonly/test/edition.sql), each test one pass or failure; a
 # test that gave no result counts as failed.
@@ -770,6 +776,19 @@ run_sqlonly_suite() {
   if [ -n "$variable" ]; then
     say "SQL-only edition, PostgreSQL $version: $kind ($variable in the Makefile, through pg_tle)"
     read -ra tests < <(make_var "$variable")
+    # The native edition's internals (test/sqlonly/native_only): not run, not counted.
+    local left_out=() kept=() name
+    for name in "${tests[@]}"; do
+      if sqlonly_native_only "$name"; then left_out+=("$name"); else kept+=("$name"); fi
+    done
+    tests=("${kept[@]}")
+    if [ "${#left_out[@]}" -gt 0 ]; then
+      local names
+      names=$(printf '%s, ' "${left_out[@]}")
+      names=${names%, }
+      echo "not run (native edition's internals): $names (test/sqlonly/native_only)"
+      not_run_lines+=("PostgreSQL $version: SQL-only $kind: not run (native edition's internals): $names (test/sqlonly/native_only)")
+    fi
   else
     say "SQL-only edition, PostgreSQL $version: sqlonly/test/edition.sql (through pg_tle)"
     tests=(edition)

@@ -8,7 +8,8 @@
 # (scripts/sqlonly_deps.sh: pg_copy_without_native, addon_for pg_tle); DIST holds what
 # `make sql-only` wrote (idempotency-pgtle--1.5.sql); OUT is a new directory for the
 # cluster, the results and regression.diffs. Run as root, from anywhere; the cluster runs
-# as the postgres OS user. TESTs default to the Makefile's list.
+# as the postgres OS user. TESTs default to the Makefile's list less the tests of
+# test/sqlonly/native_only (the native edition's internals).
 #
 # A server of its own (test/sqlonly/server.conf: pg_tle preloaded), where:
 #   - CREATE EXTENSION pg_tle in template1, by the superuser (as a host does);
@@ -53,6 +54,9 @@ if [ "${#tests[@]}" -eq 0 ] && [ -n "$variable" ]; then
   # shellcheck disable=SC2016  # $(...) is make's
   read -ra tests < <(printf 'print-var:\n\t@echo $(%s)\n' "$variable" |
     make -s --no-print-directory -f Makefile -f - print-var PG_CONFIG="$PG_CONFIG")
+  # Less the tests of the native edition's internals (test/sqlonly/native_only).
+  mapfile -t tests < <(printf '%s\n' "${tests[@]}" |
+    grep -vxFf <(grep -vE '^(#|$)' test/sqlonly/native_only | awk '{print $1}'))
 fi
 pgxs=$(dirname "$(dirname "$(dirname "$("$PG_CONFIG" --pgxs)")")")
 if [ "$kind" != isolation ]; then
