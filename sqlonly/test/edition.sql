@@ -214,6 +214,46 @@ DELETE FROM idempotency.applied_versions WHERE scope = 'sqled';
 DELETE FROM idempotency.outbox WHERE topic = 'sqled';
 DELETE FROM idempotency.outbox_aggregates WHERE topic = 'sqled';
 
+-- 7. IK002 for every pending version a claim writes: the trigger is queued by an
+-- UPDATE only when it sets attempt (a takeover) or checkpoint, so both must still fail
+-- at COMMIT when the claim is left unfinished; and the store refuses a state that is
+-- none of p, c, f, a (the key_state domain, the table's CHECK before). (SQLSTATE: the
+-- COMMIT's own status; LAST_ERROR_SQLSTATE would still hold an earlier error.)
+SET ROLE regress_sqled_a;
+BEGIN;
+SELECT outcome FROM idem_claim('sqled', 'checkpointed');
+SELECT idem_checkpoint('sqled', 'checkpointed', 'step 1');
+\set ON_ERROR_STOP off
+COMMIT;
+\set ON_ERROR_STOP on
+SELECT :'SQLSTATE' = 'IK002' AS ik002_after_a_checkpoint \gset
+\if :ik002_after_a_checkpoint
+\else
+  DO $$ BEGIN RAISE EXCEPTION 'COMMIT after a checkpoint of an unfinished claim did not fail with IK002'; END $$;
+\endif
+SELECT idem_once('sqled', 'taken-over', ttl => '1 ms');
+SELECT pg_sleep(0.01);
+BEGIN;
+SELECT outcome, attempt FROM idem_claim('sqled', 'taken-over');
+\set ON_ERROR_STOP off
+COMMIT;
+\set ON_ERROR_STOP on
+SELECT :'SQLSTATE' = 'IK002' AS ik002_after_a_takeover \gset
+\if :ik002_after_a_takeover
+\else
+  DO $$ BEGIN RAISE EXCEPTION 'COMMIT after taking over an expired key unfinished did not fail with IK002'; END $$;
+\endif
+\set ON_ERROR_STOP off
+INSERT INTO idempotency.keys (role, attempt, first_claimed_at, expires_at, scope, key, state)
+  VALUES (quote_ident(current_user)::regrole, 1, now(), now() + interval '1 h', 'sqled', 'bad-state', 'x');
+\set ON_ERROR_STOP on
+SELECT :'SQLSTATE' = '23514' AS bad_state_refused \gset
+\if :bad_state_refused
+\else
+  DO $$ BEGIN RAISE EXCEPTION 'a row with state x was stored'; END $$;
+\endif
+RESET ROLE;
+
 DELETE FROM idempotency.keys WHERE scope IN ('sqled', 'sqled-many');
 DROP ROLE regress_sqled_a;
 DROP ROLE regress_sqled_b;
