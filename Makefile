@@ -28,7 +28,7 @@ endif
 
 EXTRA_CLEAN = $(EXTENSION)-*.tar.gz tmp_check_regress tmp_check_iso
 
-REGRESS = key_type claim unwritten own_window finish lease abandoned fingerprint fingerprint_vectors identity lock_secret bad_input hostile layout settings reaper outbox apply_version open_relations two_phase ddl_rollback schemas messages routing once_many counters self_locked
+REGRESS = key_type claim unwritten own_window finish lease abandoned fingerprint fingerprint_vectors identity lock_secret bad_input hostile layout settings reaper outbox apply_version open_relations two_phase ddl_rollback schemas messages routing once_many counters self_locked cost
 # Each runs against a temporary instance of its own (as postgres, not root), with
 # the settings the tests need: `make installcheck` needs no running server.
 REGRESS_OPTS = --inputdir=. --temp-instance=tmp_check_regress --temp-config=test/regress.conf

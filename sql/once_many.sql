@@ -183,36 +183,23 @@ SELECT idem_reap() >= 1 AS reaped;
 SELECT count(*) AS m2_stored FROM idempotency.keys WHERE scope = 'mb' AND key = 'm-2';
 SELECT idem_once_many('mb', ARRAY['m-2', 'm-3']::idem_key[]) AS after_reaping;
 
--- A batch of new keys in a transaction that already writes inserts each key first
--- (the primary key's unique check is its look): one scan of the primary key for the
--- first key alone. A batch delivered again looks at each key and inserts none.
-CREATE FUNCTION pg_temp.pkey_scans() RETURNS bigint LANGUAGE sql AS $$
-  SELECT pg_stat_get_xact_numscans('idempotency.keys_pkey'::regclass) $$;
-CREATE FUNCTION pg_temp.insertions() RETURNS bigint LANGUAGE sql AS $$
-  SELECT pg_stat_get_xact_tuples_inserted('idempotency.keys'::regclass) $$;
+-- A batch of 1000 new keys, then the same batch delivered again: all applied, then
+-- none, one row per key; a batch that names a key this transaction wrote finds it
+-- (false). (What each batch costs, index scans and insertions, is the native edition's
+-- own test: cost.sql.)
 BEGIN;
-SELECT pg_temp.pkey_scans() AS scans_before, pg_temp.insertions() AS insertions_before \gset
 SELECT cardinality(array_positions(
          idem_once_many('mb-many', ARRAY(SELECT ('n-' || g)::idem_key FROM generate_series(1, 1000) g)),
          true)) AS applied;
-SELECT pg_temp.pkey_scans() - :scans_before AS scans_for_new_keys,
-       pg_temp.insertions() - :insertions_before AS insertions;
-SELECT pg_temp.pkey_scans() AS scans_before, pg_temp.insertions() AS insertions_before \gset
 SELECT cardinality(array_positions(
          idem_once_many('mb-many', ARRAY(SELECT ('n-' || g)::idem_key FROM generate_series(1, 1000) g)),
          true)) AS applied;
-SELECT pg_temp.pkey_scans() - :scans_before AS scans_for_a_batch_seen,
-       pg_temp.insertions() - :insertions_before AS insertions_taken_back;
 COMMIT;
 SELECT count(*) AS keys, count(DISTINCT key) AS distinct_keys FROM idempotency.keys
   WHERE scope = 'mb-many';
--- Inserting first into a key this transaction wrote: the row is taken back, the key
--- found (false), and the next key looked at first.
 BEGIN;
 SELECT idem_once_many('mb-own', ARRAY['k1', 'k2']::idem_key[]) AS first;
-SELECT pg_temp.insertions() AS insertions_before \gset
 SELECT idem_once_many('mb-own', ARRAY['k3', 'k0', 'k2']::idem_key[]) AS second;
-SELECT pg_temp.insertions() - :insertions_before AS insertions_with_one_taken_back;
 COMMIT;
 SELECT key, state FROM idempotency.keys WHERE scope = 'mb-own' ORDER BY key;
 -- A batch that only finds its keys writes nothing and takes no transaction id.

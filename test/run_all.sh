@@ -43,7 +43,7 @@
 #      by a member of pgtle_admin, then REGRESS and ISOLATION against it with the native
 #      expected outputs except test/sqlonly/expected/ and
 #      test/sqlonly/isolation/expected/ (test/sqlonly/run.sh), each test one pass or
-#      failure; then the TAP tests of test/sqlonly/t/ (installing through pg_tle and
+#      failure, and the edition's own checks (sqlonly/test/edition.sql, one); then the TAP tests of test/sqlonly/t/ (installing through pg_tle and
 #      as plain SQL by roles without superuser, updates, pg_cron reaping on schedule,
 #      a load with a crash, another role's keys, amcheck), each assertion one pass or
 #      failure. Without a pg_tle or pg_cron source a line "not run: ... (why)" names
@@ -756,14 +756,43 @@ sqlonly_addon() {
   esac
 }
 
-# run_sqlonly_suite KIND VERSION COPY: test/sqlonly/run.sh for REGRESS or ISOLATION,
-# each test one pass or failure; a test that gave no result counts as failed.
+# sqlonly_native_only TEST: whether test/sqlonly/native_only lists TEST (a test of the
+# native edition's internals, left out of the SQL-only edition's run).
+sqlonly_native_only() {
+  grep -qE "^$1([[:space:]]|\$)" "$work/src/test/sqlonly/native_only" 2>/dev/null
+}
+
+# run_sqlonly_suite KIND VERSION COPY: test/sqlonly/run.sh for REGRESS or ISOLATION, or
+# the edition's own checks (sqlonly/test/edition.sql), each test one pass or failure; a
+# test that gave no result counts as failed.
 run_sqlonly_suite() {
   local kind=$1 version=$2 copy=$3 variable tests out log status=0 ok bad missing
-  variable=$( [ "$kind" = regress ] && echo REGRESS || echo ISOLATION)
+  case $kind in
+    regress) variable=REGRESS ;;
+    isolation) variable=ISOLATION ;;
+    *) variable="" ;;
+  esac
   out=$work/sqlonly-pg$version/$kind log=$work/sqlonly-pg$version-$kind.log
-  say "SQL-only edition, PostgreSQL $version: $kind ($variable in the Makefile, through pg_tle)"
-  read -ra tests < <(make_var "$variable")
+  if [ -n "$variable" ]; then
+    say "SQL-only edition, PostgreSQL $version: $kind ($variable in the Makefile, through pg_tle)"
+    read -ra tests < <(make_var "$variable")
+    # The native edition's internals (test/sqlonly/native_only): not run, not counted.
+    local left_out=() kept=() name
+    for name in "${tests[@]}"; do
+      if sqlonly_native_only "$name"; then left_out+=("$name"); else kept+=("$name"); fi
+    done
+    tests=("${kept[@]}")
+    if [ "${#left_out[@]}" -gt 0 ]; then
+      local names
+      names=$(printf '%s, ' "${left_out[@]}")
+      names=${names%, }
+      echo "not run (native edition's internals): $names (test/sqlonly/native_only)"
+      not_run_lines+=("PostgreSQL $version: SQL-only $kind: not run (native edition's internals): $names (test/sqlonly/native_only)")
+    fi
+  else
+    say "SQL-only edition, PostgreSQL $version: sqlonly/test/edition.sql (through pg_tle)"
+    tests=(edition)
+  fi
   (cd "$work/src" && timeout -k 30 "$REGRESS_TIMEOUT" \
      test/sqlonly/run.sh "$kind" "$copy" "$sqlonly_dist" "$out" "${tests[@]}") 2>&1 | tee "$log" ||
     status=$?
@@ -829,7 +858,7 @@ run_sqlonly() {
   fi
   echo "copy: $copy ($("$copy/bin/pg_config" --version))"
   sqlonly_addon pg_tle "$version" "$copy" \
-    "the SQL-only edition's REGRESS and ISOLATION through pg_tle, $(sqlonly_tap_needing pg_tle)"
+    "the SQL-only edition's REGRESS, ISOLATION and sqlonly/test/edition.sql through pg_tle, $(sqlonly_tap_needing pg_tle)"
   tle_ok=$addon_ok
   sqlonly_addon pg_cron "$version" "$copy" "$(sqlonly_tap_needing pg_cron)"
   cron_ok=$addon_ok
@@ -837,6 +866,7 @@ run_sqlonly() {
   if [ "$tle_ok" = 1 ]; then
     run_sqlonly_suite regress "$version" "$copy"
     run_sqlonly_suite isolation "$version" "$copy"
+    run_sqlonly_suite edition "$version" "$copy"
   fi
   run_sqlonly_tap "$version" "$copy"
 }

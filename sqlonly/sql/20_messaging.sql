@@ -11,11 +11,13 @@
 --
 -- Waits. A wait for another transaction is a row-lock wait (INSERT ... ON CONFLICT,
 -- UPDATE), which PostgreSQL's deadlock detector sees and lock_timeout ends, bounded by
--- idempotency.wait_timeout in the one subtransaction that may wait (see
+-- idempotency.wait_timeout in the subtransaction that may wait (see
 -- idempotency._lock_timeout). Where a call can tell without waiting that no one else
 -- holds what it writes, it takes no subtransaction: an emit without event id for an
 -- aggregate whose counter it locks at once (or for none), a relay's claim, an ack,
--- dead or retry of events no one else is writing, a duplicate idem_apply_version.
+-- dead or retry of events no one else is writing, a duplicate idem_apply_version. An
+-- emit waits for another emitter of its id holding nothing, as native: it takes back
+-- what it wrote (its subtransaction) and waits in a probe that is rolled back.
 
 ------------------------------------------------------------------------------
 -- Tables: the native edition's, plus `xact` (the transaction that wrote the row's
@@ -142,18 +144,20 @@ BEGIN
           HINT = 'Retry later.';
 END $$;
 
--- Whether another transaction in progress is emitting `event_id` now, found by a probe
--- row inserted in a subtransaction that is then rolled back (waiting at most 1 ms for
--- that transaction): 'busy', 'stored' (an event with the id is committed) or 'free'.
--- Asked only after a wait for an aggregate ran out, to say what the call waited for as
--- the native edition does (it looks at the id before the aggregate).
-CREATE FUNCTION idempotency._event_id_probe(event_id text) RETURNS text
+-- Waits for another transaction in progress that emits `event_id`, taking nothing: a
+-- probe row inserted in a subtransaction that is then rolled back. 'busy' (the wait
+-- ran out: `timeout`, in ms), 'stored' (an event with the id is committed) or 'free'
+-- (no other transaction emits it). `timeout` NULL: the caller's own lock_timeout
+-- bounds the wait, and its 55P03 is raised.
+CREATE FUNCTION idempotency._event_id_probe(event_id text, timeout text) RETURNS text
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   inserted boolean;
 BEGIN
   BEGIN
-    PERFORM set_config('lock_timeout', '1ms', true);
+    IF timeout IS NOT NULL THEN
+      PERFORM set_config('lock_timeout', timeout, true);
+    END IF;
     INSERT INTO idempotency.outbox AS o (event_id, position, topic, payload, emitted_at, state,
                                          attempt, xact)
       VALUES (_event_id_probe.event_id, 0, '-', '{}', '-infinity', 'x', 0, '0')
@@ -162,12 +166,15 @@ BEGIN
     RAISE EXCEPTION USING ERRCODE = 'IK999', MESSAGE = coalesce(inserted, false)::text;
   EXCEPTION
     WHEN lock_not_available THEN
+      IF timeout IS NULL THEN
+        RAISE;
+      END IF;
       RETURN 'busy';
     WHEN SQLSTATE 'IK999' THEN
       RETURN CASE WHEN SQLERRM = 'true' THEN 'free' ELSE 'stored' END;
   END;
 END $$;
-REVOKE ALL ON FUNCTION idempotency._event_id_probe(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency._event_id_probe(text, text) FROM PUBLIC;
 
 -- idem_apply_version's scope, entity and version: raises the first one wrong, in the
 -- native order (22004, then 22023).
@@ -209,9 +216,12 @@ DECLARE
   max_size bigint;
   started timestamptz;
   wait_ms bigint;
+  remaining bigint;
   timeout text;
   own text;
   waiting_for text;
+  id_busy boolean;
+  taken integer;
 BEGIN
   -- Arguments, in the native order; then 25006, before anything is read. (Checked
   -- here, and the helpers called only to raise: each call of a function with a SET
@@ -249,91 +259,141 @@ BEGIN
     END IF;
   ELSE
     v_id := gen_random_uuid()::text;
-  END IF;
-
-  IF v_aggregate IS NOT NULL THEN
-    -- The aggregate's next seq, if its counter can be locked at once (no one else
-    -- holds it, or this transaction does): the counter's row, updated in place, then
-    -- makes the next emitter for the aggregate wait until this transaction ends.
-    WITH free AS (
-      SELECT a.topic, a.aggregate FROM idempotency.outbox_aggregates a
-      WHERE a.topic = v_topic AND a.aggregate = v_aggregate
-      FOR UPDATE SKIP LOCKED)
-    UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq + 1
-      FROM free WHERE a.topic = free.topic AND a.aggregate = free.aggregate
-      RETURNING a.last_seq INTO v_seq;
-  END IF;
-
-  IF NOT given AND (v_aggregate IS NULL OR v_seq IS NOT NULL) THEN
-    -- Nothing to wait for.
-    INSERT INTO idempotency.outbox (event_id, position, topic, aggregate, seq, payload,
-                                    headers, emitted_at, state, attempt, xact)
-      VALUES (v_id, nextval('idempotency.outbox_position'), v_topic, v_aggregate, v_seq,
-              v_payload, v_headers, clock_timestamp(), 'p', 0, pg_current_xact_id());
-    RETURN v_id;
-  END IF;
-
-  -- The aggregate's counter is another transaction's (or new), or another transaction
-  -- may be emitting the id: wait, at most idempotency.wait_timeout in all. For the
-  -- counter first, holding nothing (its holder may be about to emit this id), then for
-  -- the id.
-  started := clock_timestamp();
-  BEGIN
-    own := current_setting('lock_timeout');
-    IF own = '0' AND coalesce(current_setting('idempotency.wait_timeout', true), '') = '' THEN
-      wait_ms := 5000;  -- the defaults
-      timeout := '5000';
-    ELSE
-      wait_ms := idempotency._wait_ms(NULL);
-      timeout := idempotency._lock_timeout(wait_ms);
-    END IF;
-    IF timeout IS NOT NULL THEN
-      PERFORM set_config('lock_timeout', timeout, true);
-    END IF;
-    IF v_aggregate IS NOT NULL AND v_seq IS NULL THEN
-      waiting_for := 'aggregate';
-      INSERT INTO idempotency.outbox_aggregates AS a (topic, aggregate, last_seq)
-        VALUES (v_topic, v_aggregate, 1)
-        ON CONFLICT ON CONSTRAINT outbox_aggregates_pkey DO UPDATE SET last_seq = a.last_seq + 1
+    IF v_aggregate IS NOT NULL THEN
+      -- The aggregate's next seq, if its counter can be locked at once (no one else
+      -- holds it, or this transaction does): the counter's row, updated in place, then
+      -- makes the next emitter for the aggregate wait until this transaction ends.
+      UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq + 1
+        WHERE a.ctid = (SELECT f.ctid FROM idempotency.outbox_aggregates f
+                        WHERE f.topic = v_topic AND f.aggregate = v_aggregate
+                        FOR UPDATE SKIP LOCKED)
         RETURNING a.last_seq INTO v_seq;
-      IF timeout IS NOT NULL THEN
-        -- What is left of the bound, for the id.
-        timeout := idempotency._lock_timeout(
-          wait_ms - (extract(epoch FROM clock_timestamp() - started) * 1000)::bigint);
-        PERFORM set_config('lock_timeout', coalesce(timeout, own), true);
+    END IF;
+    IF v_aggregate IS NULL OR v_seq IS NOT NULL THEN
+      -- Nothing to wait for.
+      INSERT INTO idempotency.outbox (event_id, position, topic, aggregate, seq, payload,
+                                      headers, emitted_at, state, attempt, xact)
+        VALUES (v_id, nextval('idempotency.outbox_position'), v_topic, v_aggregate, v_seq,
+                v_payload, v_headers, clock_timestamp(), 'p', 0, pg_current_xact_id());
+      RETURN v_id;
+    END IF;
+  END IF;
+
+  -- What may wait, at most idempotency.wait_timeout in all, as the native edition
+  -- waits: for the aggregate's counter holding nothing (its holder may be about to emit
+  -- this id); then the id is inserted without waiting (1 ms): if another transaction
+  -- is emitting it, everything is taken back (the subtransaction), that transaction is
+  -- waited for holding nothing, and the emit looks again.
+  taken := coalesce(nullif(current_setting('idempotency.subtransactions', true), ''), '0')::integer;
+  IF taken >= 48 THEN
+    -- No more subtransactions in this transaction (idempotency._take_subtransaction):
+    -- the writes run in it, and a wait is bounded by lock_timeout and the deadlock
+    -- detector alone.
+    IF v_aggregate IS NOT NULL THEN
+      UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq + 1
+        WHERE a.ctid = (SELECT f.ctid FROM idempotency.outbox_aggregates f
+                        WHERE f.topic = v_topic AND f.aggregate = v_aggregate
+                        FOR UPDATE SKIP LOCKED)
+        RETURNING a.last_seq INTO v_seq;
+      IF v_seq IS NULL THEN
+        INSERT INTO idempotency.outbox_aggregates AS a (topic, aggregate, last_seq)
+          VALUES (v_topic, v_aggregate, 1)
+          ON CONFLICT ON CONSTRAINT outbox_aggregates_pkey DO UPDATE SET last_seq = a.last_seq + 1
+          RETURNING a.last_seq INTO v_seq;
       END IF;
     END IF;
-    waiting_for := 'event id';
     INSERT INTO idempotency.outbox AS o (event_id, position, topic, aggregate, seq, payload,
                                          headers, emitted_at, state, attempt, xact)
       VALUES (v_id, nextval('idempotency.outbox_position'), v_topic, v_aggregate, v_seq,
               v_payload, v_headers, clock_timestamp(), 'p', 0, pg_current_xact_id())
       ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING;
     IF NOT FOUND AND v_seq IS NOT NULL THEN
-      -- Another transaction stored the id meanwhile: that event is the one, and the
-      -- seq taken goes back (the counter stays locked: no one took the next).
       UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq - 1
         WHERE a.topic = v_topic AND a.aggregate = v_aggregate;
     END IF;
-    IF timeout IS NOT NULL THEN
+    RETURN v_id;
+  END IF;
+  PERFORM set_config('idempotency.subtransactions', (taken + 1)::text, true);
+  started := clock_timestamp();
+  own := current_setting('lock_timeout');
+  IF own = '0' AND coalesce(current_setting('idempotency.wait_timeout', true), '') = '' THEN
+    wait_ms := 5000;  -- the defaults
+  ELSE
+    wait_ms := idempotency._wait_ms(NULL);
+  END IF;
+  FOR round IN 1 .. 1000 LOOP
+    remaining := wait_ms - (extract(epoch FROM clock_timestamp() - started) * 1000)::bigint;
+    timeout := CASE WHEN own = '0' THEN greatest(remaining, 1)::text
+                    ELSE idempotency._lock_timeout(remaining) END;
+    id_busy := false;
+    BEGIN
+      IF timeout IS NOT NULL THEN
+        PERFORM set_config('lock_timeout', timeout, true);
+      END IF;
+      IF v_aggregate IS NOT NULL THEN
+        waiting_for := 'aggregate';
+        v_seq := NULL;
+        UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq + 1
+          WHERE a.ctid = (SELECT f.ctid FROM idempotency.outbox_aggregates f
+                          WHERE f.topic = v_topic AND f.aggregate = v_aggregate
+                          FOR UPDATE SKIP LOCKED)
+          RETURNING a.last_seq INTO v_seq;
+        IF v_seq IS NULL THEN
+          INSERT INTO idempotency.outbox_aggregates AS a (topic, aggregate, last_seq)
+            VALUES (v_topic, v_aggregate, 1)
+            ON CONFLICT ON CONSTRAINT outbox_aggregates_pkey DO UPDATE SET last_seq = a.last_seq + 1
+            RETURNING a.last_seq INTO v_seq;
+        END IF;
+      END IF;
+      IF given THEN
+        waiting_for := 'event id';
+        PERFORM set_config('lock_timeout', '1', true);
+      END IF;
+      INSERT INTO idempotency.outbox AS o (event_id, position, topic, aggregate, seq, payload,
+                                           headers, emitted_at, state, attempt, xact)
+        VALUES (v_id, nextval('idempotency.outbox_position'), v_topic, v_aggregate, v_seq,
+                v_payload, v_headers, clock_timestamp(), 'p', 0, pg_current_xact_id())
+        ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING;
+      IF NOT FOUND AND v_seq IS NOT NULL THEN
+        -- Another transaction stored the id meanwhile: that event is the one, and the
+        -- seq taken goes back (the counter stays locked: no one took the next).
+        UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq - 1
+          WHERE a.topic = v_topic AND a.aggregate = v_aggregate;
+      END IF;
       PERFORM set_config('lock_timeout', own, true);
+    EXCEPTION WHEN lock_not_available THEN
+      IF waiting_for = 'event id' THEN
+        id_busy := true;  -- another transaction emits the id: taken back, waited for below
+      ELSIF timeout IS NULL THEN
+        RAISE;  -- the caller's own lock_timeout
+      ELSE
+        -- The wait for the aggregate ran out. The native edition looks at the id
+        -- first: if another transaction is emitting it, that is what it waited for; if
+        -- it is stored by now, it is the one.
+        IF given THEN
+          CASE idempotency._event_id_probe(v_id, '1')
+            WHEN 'busy' THEN waiting_for := 'event id';
+            WHEN 'stored' THEN RETURN v_id;
+            ELSE NULL;
+          END CASE;
+        END IF;
+        PERFORM idempotency._raise_emit_in_progress(waiting_for);
+      END IF;
+    END;
+    IF NOT id_busy THEN
+      RETURN v_id;
     END IF;
-  EXCEPTION WHEN lock_not_available THEN
-    IF timeout IS NULL THEN
-      RAISE;  -- the caller's own lock_timeout
-    END IF;
-    IF waiting_for = 'aggregate' AND given THEN
-      -- The native edition looks at the id first: if another transaction is emitting
-      -- it, that is what it waited for; if it is stored by now, it is the one.
-      CASE idempotency._event_id_probe(v_id)
-        WHEN 'busy' THEN waiting_for := 'event id';
-        WHEN 'stored' THEN RETURN v_id;
-        ELSE NULL;
-      END CASE;
-    END IF;
-    PERFORM idempotency._raise_emit_in_progress(waiting_for);
-  END;
-  RETURN v_id;
+    remaining := wait_ms - (extract(epoch FROM clock_timestamp() - started) * 1000)::bigint;
+    timeout := CASE WHEN own = '0' THEN greatest(remaining, 1)::text
+                    ELSE idempotency._lock_timeout(remaining) END;
+    CASE idempotency._event_id_probe(v_id, timeout)
+      WHEN 'busy' THEN PERFORM idempotency._raise_emit_in_progress('event id');
+      WHEN 'stored' THEN RETURN v_id;
+      ELSE NULL;  -- its emitter rolled back: look again
+    END CASE;
+  END LOOP;
+  RAISE EXCEPTION 'idem_emit could not settle on event id "%"', v_id
+    USING ERRCODE = 'internal_error';
 END $$;
 -- Emitting is a privilege (SPEC v1.2): events belong to the database, so a role that
 -- could emit could pre-empt another's event id or hold its aggregate.
@@ -420,16 +480,16 @@ BEGIN
       CONTINUE WHEN c.aggregate IS NOT NULL
                     AND (NOT c.gate_open OR c.topic || E'\n' || c.aggregate = ANY (blocked));
       -- Leased if no one else holds its row, deciding on its newest version.
-      WITH free AS (
-        SELECT o.event_id FROM idempotency.outbox o
-        WHERE o.event_id = c.event_id AND o.state = 'p'
-          AND (o.lease_expires_at IS NULL OR o.lease_expires_at <= v_now)
-          AND NOT (o.attempt = 0 AND coalesce(o.xact = mine, false))
-        FOR UPDATE SKIP LOCKED)
       UPDATE idempotency.outbox o
         SET attempt = o.attempt + 1, relay = v_relay, lease_expires_at = lease_end,
             xact = pg_current_xact_id()
-        FROM free WHERE o.event_id = free.event_id
+        WHERE o.ctid = (SELECT f.ctid FROM idempotency.outbox f
+                        -- (state as text: not the pending index's predicate,
+                        -- which a generic plan made on a small outbox would scan)
+                        WHERE f.event_id = c.event_id AND f.state::text = 'p'
+                          AND (f.lease_expires_at IS NULL OR f.lease_expires_at <= v_now)
+                          AND NOT (f.attempt = 0 AND coalesce(f.xact = mine, false))
+                        FOR UPDATE SKIP LOCKED)
         RETURNING o.event_id, o.topic, o.aggregate, o.seq, o.payload, o.headers,
                   o.emitted_at, o.attempt INTO r;
       IF r.event_id IS NOT NULL THEN
@@ -448,7 +508,7 @@ BEGIN
       ELSIF c.aggregate IS NOT NULL THEN
         -- Another transaction holds it, or it changed since the scan: still pending,
         -- it closes its aggregate for this batch (delivered or dead, it does not).
-        PERFORM FROM idempotency.outbox o WHERE o.event_id = c.event_id AND o.state = 'p';
+        PERFORM FROM idempotency.outbox o WHERE o.event_id = c.event_id AND o.state::text = 'p';
         IF FOUND THEN
           blocked := blocked || (c.topic || E'\n' || c.aggregate);
         END IF;
@@ -464,9 +524,11 @@ END $$;
 -- queue (in one subtransaction, at most idempotency.wait_timeout: events still busy
 -- then are left as they are, and a relay will have them again).
 -- `how`: 'ack', 'dead' or 'retry'; `ids` NULL (retry only): every dead letter.
+-- (enable_seqscan off: PL/pgSQL keeps a generic plan, and one made while the outbox was
+-- small would read the whole outbox, not the listed rows, once it is large.)
 CREATE FUNCTION idempotency._settle(how text, relay text, ids text[], reason text)
 RETURNS bigint
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
 DECLARE
   v_relay text := relay;
   v_reason text := reason;
@@ -487,23 +549,20 @@ BEGIN
   -- An ack or dead counts for events last handed out to this relay and neither
   -- delivered nor dead since (a late relay's ack, after another took the event, is
   -- ignored); a retry for dead letters.
-  WITH free AS (
-    SELECT o.event_id FROM idempotency.outbox o
-    WHERE o.event_id = ANY (ids)
-      AND CASE WHEN how = 'retry' THEN o.state = 'x'
-               ELSE o.state = 'p' AND o.relay = v_relay AND o.lease_expires_at IS NOT NULL END
-    FOR UPDATE SKIP LOCKED),
-  changed AS (
-    UPDATE idempotency.outbox o SET
-        state = CASE how WHEN 'ack' THEN 'd' WHEN 'dead' THEN 'x' ELSE 'p' END,
-        delivered_at = CASE WHEN how = 'ack' THEN v_now ELSE o.delivered_at END,
-        lease_expires_at = NULL,
-        relay = CASE WHEN how = 'retry' THEN NULL ELSE o.relay END,
-        reason = CASE WHEN how = 'dead' THEN v_reason ELSE o.reason END,
-        xact = pg_current_xact_id()
-      FROM free WHERE o.event_id = free.event_id
-      RETURNING 1)
-  SELECT count(*) INTO settled FROM changed;
+  UPDATE idempotency.outbox o SET
+      state = CASE how WHEN 'ack' THEN 'd' WHEN 'dead' THEN 'x' ELSE 'p' END,
+      delivered_at = CASE WHEN how = 'ack' THEN v_now ELSE o.delivered_at END,
+      lease_expires_at = NULL,
+      relay = CASE WHEN how = 'retry' THEN NULL ELSE o.relay END,
+      reason = CASE WHEN how = 'dead' THEN v_reason ELSE o.reason END,
+      xact = pg_current_xact_id()
+    WHERE o.ctid = ANY (ARRAY(
+      SELECT f.ctid FROM idempotency.outbox f
+      WHERE f.event_id = ANY (ids)
+        AND CASE WHEN how = 'retry' THEN f.state = 'x'
+                 ELSE f.state = 'p' AND f.relay = v_relay AND f.lease_expires_at IS NOT NULL END
+      FOR UPDATE SKIP LOCKED));
+  GET DIAGNOSTICS settled = ROW_COUNT;
 
   -- What is left qualifying is held by another transaction.
   SELECT array_agg(o.event_id::text ORDER BY o.event_id) INTO busy FROM idempotency.outbox o
@@ -512,6 +571,22 @@ BEGIN
                ELSE o.state = 'p' AND o.relay = v_relay AND o.lease_expires_at IS NOT NULL END;
   IF busy IS NULL THEN
     RETURN settled;
+  END IF;
+  IF NOT idempotency._take_subtransaction() THEN
+    -- None left in this transaction: written in it, a wait bounded by lock_timeout and
+    -- the deadlock detector alone.
+    UPDATE idempotency.outbox o SET
+        state = CASE how WHEN 'ack' THEN 'd' WHEN 'dead' THEN 'x' ELSE 'p' END,
+        delivered_at = CASE WHEN how = 'ack' THEN v_now ELSE o.delivered_at END,
+        lease_expires_at = NULL,
+        relay = CASE WHEN how = 'retry' THEN NULL ELSE o.relay END,
+        reason = CASE WHEN how = 'dead' THEN v_reason ELSE o.reason END,
+        xact = pg_current_xact_id()
+      WHERE o.event_id = ANY (busy)
+        AND CASE WHEN how = 'retry' THEN o.state = 'x'
+                 ELSE o.state = 'p' AND o.relay = v_relay AND o.lease_expires_at IS NOT NULL END;
+    GET DIAGNOSTICS more = ROW_COUNT;
+    RETURN settled + more;
   END IF;
   BEGIN
     timeout := idempotency._lock_timeout(idempotency._wait_ms(NULL));
@@ -633,6 +708,7 @@ DECLARE
   applied pg_catalog.bool;
   timeout pg_catalog.text;
   own pg_catalog.text;
+  taken pg_catalog.int4;
 BEGIN
   -- Arguments, in the native order; then 25006, before anything is read.
   IF v_scope IS NULL OR v_entity IS NULL OR v_version IS NULL
@@ -670,7 +746,24 @@ BEGIN
   END IF;
 
   -- Record it, deciding on the newest version of the record: waits (bounded) for
-  -- another transaction writing it, in the one subtransaction.
+  -- another transaction writing it, in the one subtransaction (at most 48 in a
+  -- transaction: idempotency._take_subtransaction).
+  taken := coalesce(nullif(pg_catalog.current_setting('idempotency.subtransactions', true), ''),
+                    '0')::pg_catalog.int4;
+  IF taken OPERATOR(pg_catalog.>=) 48 THEN
+    INSERT INTO idempotency.applied_versions AS a (role, expires_at, version, scope, entity, xact)
+      VALUES (me, v_now OPERATOR(pg_catalog.+) v_ttl, v_version, v_scope, v_entity,
+              pg_catalog.pg_current_xact_id())
+      ON CONFLICT ON CONSTRAINT applied_versions_pkey DO UPDATE
+        SET expires_at = excluded.expires_at, version = excluded.version, xact = excluded.xact
+        WHERE NOT ((a.expires_at OPERATOR(pg_catalog.>) v_now
+                    OR a.xact OPERATOR(pg_catalog.=) excluded.xact)
+                   AND a.version OPERATOR(pg_catalog.>=) excluded.version)
+      RETURNING true INTO applied;
+    RETURN coalesce(applied, false);
+  END IF;
+  PERFORM pg_catalog.set_config('idempotency.subtransactions',
+                                (taken OPERATOR(pg_catalog.+) 1)::pg_catalog.text, true);
   BEGIN
     own := pg_catalog.current_setting('lock_timeout');
     IF own OPERATOR(pg_catalog.=) '0'
@@ -706,7 +799,14 @@ BEGIN
   END;
   RETURN coalesce(applied, false);
 END $$;
--- Granted to PUBLIC, like idem_claim: a role's records are its own.
+-- Granted to PUBLIC, like idem_claim: a role's records are its own. Who may record
+-- versions is a matter of EXECUTE on it, however a role tries (the function or an
+-- INSERT of its own, which row-level security lets it make): a restrictive policy,
+-- as for keys (10_keys.sql).
+CREATE POLICY applied_versions_added_by_appliers ON idempotency.applied_versions
+  AS RESTRICTIVE FOR INSERT
+  WITH CHECK (pg_catalog.has_function_privilege(
+    'idem_apply_version(text, text, bigint, interval)'::pg_catalog.regprocedure, 'EXECUTE'));
 
 ------------------------------------------------------------------------------
 -- For idem_stats and idem_reap (30_operations.sql). Not granted to PUBLIC.
@@ -744,7 +844,8 @@ REVOKE ALL ON FUNCTION idempotency._outbox_stats() FROM PUBLIC;
 -- what a transaction in progress wrote); skips rows another transaction holds.
 -- Returns how many it removed.
 CREATE FUNCTION idempotency._reap_outbox(max_rows bigint) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off AS $$
 DECLARE
   retention interval :=
     make_interval(secs => idempotency._setting('idempotency.outbox_retention', 's', 0));
@@ -757,10 +858,9 @@ BEGIN
       AND o.xact IS DISTINCT FROM mine
     ORDER BY o.delivered_at
     LIMIT max_rows
-    FOR UPDATE SKIP LOCKED),
-  deleted AS (
-    DELETE FROM idempotency.outbox o USING gone WHERE o.ctid = gone.ctid RETURNING 1)
-  SELECT count(*) INTO removed FROM deleted;
+    FOR UPDATE SKIP LOCKED)
+  DELETE FROM idempotency.outbox o WHERE o.ctid = ANY (ARRAY(SELECT gone.ctid FROM gone));
+  GET DIAGNOSTICS removed = ROW_COUNT;
   RETURN removed;
 END $$;
 REVOKE ALL ON FUNCTION idempotency._reap_outbox(bigint) FROM PUBLIC;
@@ -769,20 +869,32 @@ REVOKE ALL ON FUNCTION idempotency._reap_outbox(bigint) FROM PUBLIC;
 -- were not written by this transaction, or whose role no longer exists; skips rows
 -- another transaction holds. Returns how many it removed.
 CREATE FUNCTION idempotency._reap_applied_versions(max_rows bigint) RETURNS bigint
-LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off AS $$
 DECLARE
+  budget bigint := coalesce(max_rows, 9223372036854775807);
   mine xid8 := pg_current_xact_id_if_assigned();
   removed bigint;
+  orphans bigint := 0;
 BEGIN
   WITH gone AS (
     SELECT a.ctid FROM idempotency.applied_versions a
-    WHERE (a.expires_at <= clock_timestamp() AND a.xact IS DISTINCT FROM mine)
-       OR NOT EXISTS (SELECT FROM pg_roles r WHERE r.oid = a.role)
-    LIMIT max_rows
-    FOR UPDATE OF a SKIP LOCKED),
-  deleted AS (
-    DELETE FROM idempotency.applied_versions a USING gone WHERE a.ctid = gone.ctid RETURNING 1)
-  SELECT count(*) INTO removed FROM deleted;
-  RETURN removed;
+    WHERE a.expires_at <= clock_timestamp() AND a.xact IS DISTINCT FROM mine
+    LIMIT budget
+    FOR UPDATE SKIP LOCKED)
+  DELETE FROM idempotency.applied_versions a WHERE a.ctid = ANY (ARRAY(SELECT gone.ctid FROM gone));
+  GET DIAGNOSTICS removed = ROW_COUNT;
+  IF removed < budget THEN
+    -- The records of roles that no longer exist (DROP ROLE leaves them: regrole is an
+    -- oid), as the keys' (idem_reap).
+    WITH gone AS (
+      SELECT a.ctid FROM idempotency.applied_versions a
+      WHERE NOT EXISTS (SELECT FROM pg_roles r WHERE r.oid = a.role)
+      LIMIT budget - removed
+      FOR UPDATE OF a SKIP LOCKED)
+    DELETE FROM idempotency.applied_versions a WHERE a.ctid = ANY (ARRAY(SELECT gone.ctid FROM gone));
+    GET DIAGNOSTICS orphans = ROW_COUNT;
+  END IF;
+  RETURN removed + orphans;
 END $$;
 REVOKE ALL ON FUNCTION idempotency._reap_applied_versions(bigint) FROM PUBLIC;

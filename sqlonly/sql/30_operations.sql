@@ -193,7 +193,9 @@ DECLARE
   job_name text := 'idempotency-reap-' || current_database();
   reap_function regprocedure;
   command text;
-  cron_database text := current_setting('cron.database_name', true);
+  -- pg_settings hides cron.database_name (superuser-only) from a role without
+  -- pg_read_all_settings, where current_setting() would raise 42501.
+  cron_database text := (SELECT setting FROM pg_settings WHERE name = 'cron.database_name');
 BEGIN
   IF every IS NULL THEN
     RAISE EXCEPTION 'every must not be null' USING ERRCODE = 'null_value_not_allowed';
@@ -201,7 +203,8 @@ BEGIN
   -- idem_reap of this install, schema-qualified.
   SELECT p.oid INTO reap_function FROM pg_proc p
     WHERE p.proname = 'idem_reap'
-      AND p.pronamespace = (SELECT pronamespace FROM pg_proc WHERE oid = 'idem_stats(boolean)'::regprocedure);
+      AND p.pronamespace = (SELECT s.pronamespace FROM pg_proc s
+                            WHERE s.proname = 'idem_schedule_reaping' LIMIT 1);
   command := format('SELECT %s(NULL)', reap_function::regproc);
   IF NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'pg_cron') THEN
     RAISE EXCEPTION 'pg_cron is not installed in this database'

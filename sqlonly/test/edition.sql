@@ -124,7 +124,97 @@ BEGIN
     'a key function may plan a sequential scan of the store';
 END $$;
 
--- 6. IK002 for every pending version a claim writes: the trigger is queued by an
+-- 6. Messaging (20_messaging.sql). A role's applied versions are its own, read and
+-- written directly too; a new record needs EXECUTE on idem_apply_version, however it
+-- is written. Emitting and relaying are granted by the edition's signatures (no
+-- route), run as the installing role, and the outbox is read through them only.
+SET ROLE regress_sqled_a;
+SELECT idem_apply_version('sqled', 'e', 5) AS a_applied;
+SET ROLE regress_sqled_b;
+DO $$
+BEGIN
+  ASSERT (SELECT count(*) FROM idempotency.applied_versions WHERE scope = 'sqled') = 0,
+    'role b sees role a''s applied version';
+  ASSERT idem_apply_version('sqled', 'e', 1), 'role a''s version decided role b''s';
+  UPDATE idempotency.applied_versions SET version = 0 WHERE scope = 'sqled';
+END $$;
+SET ROLE regress_sqled_a;
+DO $$
+BEGIN
+  ASSERT NOT idem_apply_version('sqled', 'e', 5), 'role b changed role a''s version';
+END $$;
+RESET ROLE;
+REVOKE EXECUTE ON FUNCTION idem_apply_version(text, text, bigint, interval) FROM PUBLIC;
+SET ROLE regress_sqled_b;
+DO $$
+DECLARE
+  refused integer := 0;
+BEGIN
+  BEGIN
+    PERFORM idem_apply_version('sqled', 'f', 1);
+  EXCEPTION WHEN insufficient_privilege THEN refused := refused + 1;
+  END;
+  BEGIN
+    INSERT INTO idempotency.applied_versions (role, expires_at, version, scope, entity, xact)
+      VALUES (idempotency._me(), now() + interval '1 day', 1, 'sqled', 'f', '1');
+  EXCEPTION WHEN insufficient_privilege THEN refused := refused + 1;
+  END;
+  ASSERT refused = 2, format('%s of 2 ways to record a version refused', refused);
+END $$;
+RESET ROLE;
+GRANT EXECUTE ON FUNCTION idem_apply_version(text, text, bigint, interval) TO PUBLIC;
+GRANT EXECUTE ON FUNCTION idem_emit(text, jsonb, text, jsonb, idem_key) TO regress_sqled_a;
+GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text[]),
+  idem_outbox_ack(text, idem_key[]) TO regress_sqled_b;
+SET ROLE regress_sqled_a;
+SELECT idem_emit('sqled', '{"n": 1}', 'agg', event_id => 'sqled-1') AS emitted;
+SET ROLE regress_sqled_b;
+DO $$
+DECLARE
+  refused integer := 0;
+BEGIN
+  BEGIN
+    PERFORM idem_emit('sqled', '{}', event_id => 'sqled-2');
+  EXCEPTION WHEN insufficient_privilege THEN refused := refused + 1;
+  END;
+  BEGIN
+    PERFORM FROM idempotency.outbox;
+  EXCEPTION WHEN insufficient_privilege THEN refused := refused + 1;
+  END;
+  BEGIN
+    PERFORM idempotency._settle('retry', NULL, NULL, NULL);
+  EXCEPTION WHEN insufficient_privilege THEN refused := refused + 1;
+  END;
+  ASSERT refused = 3, format('%s of 3 ways around the grants refused', refused);
+  ASSERT (SELECT array_agg(event_id::text) FROM idem_outbox_claim('sqled-relay', topics => '{sqled}'))
+         = '{sqled-1}', 'the relay''s role was not handed another role''s event';
+  ASSERT idem_outbox_ack('sqled-relay', '{sqled-1}') = 1, 'the relay''s ack did not count';
+END $$;
+RESET ROLE;
+REVOKE EXECUTE ON FUNCTION idem_emit(text, jsonb, text, jsonb, idem_key) FROM regress_sqled_a;
+REVOKE EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text[]),
+  idem_outbox_ack(text, idem_key[]) FROM regress_sqled_b;
+-- Messaging's writes share the transaction's 48 subtransactions with the keys' (a
+-- transaction of many emits and applies does not overflow PostgreSQL's cache of 64).
+BEGIN;
+DO $$
+BEGIN
+  ASSERT (SELECT count(idem_emit('sqled', '{}', 'agg-' || g, event_id => ('sqled-m' || g)::idem_key))
+          FROM generate_series(1, 60) g) = 60, 'emits';
+  ASSERT (SELECT count(*) FILTER (WHERE idem_apply_version('sqled', 'm' || g, 1))
+          FROM generate_series(1, 60) g) = 60, 'applies';
+  ASSERT current_setting('idempotency.subtransactions') = '48',
+    format('%s subtransactions taken', current_setting('idempotency.subtransactions'));
+  ASSERT (SELECT count(*) FROM idempotency.outbox
+          WHERE topic = 'sqled' AND aggregate LIKE 'agg-%' AND seq = 1) = 60,
+    'not every emit stored its event';
+END $$;
+COMMIT;
+DELETE FROM idempotency.applied_versions WHERE scope = 'sqled';
+DELETE FROM idempotency.outbox WHERE topic = 'sqled';
+DELETE FROM idempotency.outbox_aggregates WHERE topic = 'sqled';
+
+-- 7. IK002 for every pending version a claim writes: the trigger is queued by an
 -- UPDATE only when it sets attempt (a takeover) or checkpoint, so both must still fail
 -- at COMMIT when the claim is left unfinished; and the store refuses a state that is
 -- none of p, c, f, a (the key_state domain, the table's CHECK before). (SQLSTATE: the

@@ -8,7 +8,8 @@
 # (scripts/sqlonly_deps.sh: pg_copy_without_native, addon_for pg_tle); DIST holds what
 # `make sql-only` wrote (idempotency-pgtle--1.5.sql); OUT is a new directory for the
 # cluster, the results and regression.diffs. Run as root, from anywhere; the cluster runs
-# as the postgres OS user. TESTs default to the Makefile's list.
+# as the postgres OS user. TESTs default to the Makefile's list less the tests of
+# test/sqlonly/native_only (the native edition's internals).
 #
 # A server of its own (test/sqlonly/server.conf: pg_tle preloaded), where:
 #   - CREATE EXTENSION pg_tle in template1, by the superuser (as a host does);
@@ -36,7 +37,10 @@ case $kind in
   isolation) variable=ISOLATION native_expected=$root/test/isolation/expected
              sqlonly_expected=$root/test/sqlonly/isolation/expected tests_dir=$root/test/isolation/specs
              db=isolation_regression ;;
-  *) echo "usage: $0 regress|isolation PG_PREFIX DIST OUT [TEST...]" >&2; exit 2 ;;
+  # sqlonly/test/edition.sql: what only this edition has to prove, one psql script
+  # that stops at the first broken promise; one line "test edition ... ok|FAILED".
+  edition) variable="" db=edition_regression ;;
+  *) echo "usage: $0 regress|isolation|edition PG_PREFIX DIST OUT [TEST...]" >&2; exit 2 ;;
 esac
 installer=$dist/idempotency-pgtle--1.5.sql
 [ -f "$installer" ] || { echo "sqlonly: no $installer (make sql-only writes it)" >&2; exit 2; }
@@ -46,13 +50,16 @@ cd "$root"
 PG15_PREFIX=$prefix . scripts/lib.sh
 PG_BIN=$prefix/bin PG_CONFIG=$prefix/bin/pg_config
 tests=("$@")
-if [ "${#tests[@]}" -eq 0 ]; then
+if [ "${#tests[@]}" -eq 0 ] && [ -n "$variable" ]; then
   # shellcheck disable=SC2016  # $(...) is make's
   read -ra tests < <(printf 'print-var:\n\t@echo $(%s)\n' "$variable" |
     make -s --no-print-directory -f Makefile -f - print-var PG_CONFIG="$PG_CONFIG")
+  # Less the tests of the native edition's internals (test/sqlonly/native_only).
+  mapfile -t tests < <(printf '%s\n' "${tests[@]}" |
+    grep -vxFf <(grep -vE '^(#|$)' test/sqlonly/native_only | awk '{print $1}'))
 fi
 pgxs=$(dirname "$(dirname "$(dirname "$("$PG_CONFIG" --pgxs)")")")
-if [ "$kind" = regress ]; then
+if [ "$kind" != isolation ]; then
   runner=$pgxs/src/test/regress/pg_regress
 else
   runner=$pgxs/src/test/isolation/pg_isolation_regress
@@ -92,6 +99,21 @@ if ! psql_as postgres postgres -c "CREATE DATABASE $db TEMPLATE template1" \
        -c "ALTER DATABASE $db SET timezone_abbreviations TO 'Default'"; then
   echo "sqlonly: could not make the test database" >&2
   exit 2
+fi
+
+if [ "$kind" = edition ]; then
+  status=0
+  start=$SECONDS
+  psql_as postgres "$db" -c "CREATE EXTENSION idempotency" -f "$root/sqlonly/test/edition.sql" \
+    >"$out/edition.out" 2>&1 || status=$?
+  if [ "$status" = 0 ] && [ "$(tail -n 1 "$out/edition.out")" = "edition: all passed" ]; then
+    echo "test edition (sqlonly/test/edition.sql)    ... ok    $((SECONDS - start)) s"
+  else
+    tail -n 30 "$out/edition.out"
+    echo "test edition (sqlonly/test/edition.sql)    ... FAILED    $((SECONDS - start)) s"
+    status=1
+  fi
+  exit "$status"
 fi
 
 # The input directory: the tests themselves, the native expected files overlaid with

@@ -36,6 +36,16 @@ my ($ret, $out, $err) = IdemSqlOnly::psql_as($node, 'app_owner', 'app', undef, f
 isnt($ret, 0, 'the installer fails for a role without pgtle_admin');
 like($err, qr/permission denied/, '... with permission denied');
 
+# Why the SQL-only edition is tested in a PostgreSQL without the native files: pg_tle
+# refuses a name that has a control file on disk (shown with plpgsql's).
+($ret, $out, $err) = IdemSqlOnly::psql_as($node, 'tle_admin', 'app',
+	q{SELECT pgtle.install_extension('plpgsql', '1.0', 'x', 'SELECT 1')});
+like($err, qr/control file already exists for the plpgsql extension/,
+	'pg_tle refuses a name that has a control file on disk');
+is(IdemSqlOnly::safe_as($node, 'tle_admin', 'app', q{
+  SELECT count(*) FROM pg_available_extensions WHERE name = 'idempotency'}),
+	'0', 'this PostgreSQL has no control file of the native edition');
+
 # The member of pgtle_admin registers it.
 ($ret, $out, $err) = IdemSqlOnly::psql_as($node, 'tle_admin', 'app', undef, file => $installer);
 is($ret, 0, 'a member of pgtle_admin runs the pg_tle installer') or diag($err);

@@ -70,7 +70,9 @@ is($ret, 0, 'app: the database owner schedules idem_reap() with idem_schedule_re
 ($ret, $out, $err) = IdemSqlOnly::psql_as($node, 'app_owner', 'app', q{SELECT idempotency._install_notice()});
 like($err, qr/pg_cron job \d+ runs idem_reap\(\) in this database \(schedule "1 seconds"\)/,
 	'installing (or updating) now says the pg_cron job serves the database');
-# In "other" it says where and what to call.
+# In "other" it says where and what to call, to a role that may read
+# cron.database_name (hosts' administrator roles may: pg_read_all_settings).
+$node->safe_psql('postgres', 'GRANT pg_read_all_settings TO app_owner');
 ($ret, $out, $err) = IdemSqlOnly::psql_as($node, 'app_owner', 'other', q{SELECT idem_schedule_reaping('1 seconds')});
 my ($hint) = $err =~ /HINT:\s+In database app run: (SELECT cron\.schedule_in_database\(.*\);)/;
 ok(defined $hint, 'other: idem_schedule_reaping() says to call cron.schedule_in_database in app') or diag($err);
