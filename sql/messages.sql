@@ -45,7 +45,7 @@ SELECT idem_emit('msg', '{}'::text);
 SELECT idem_derive('root'::text, 'step');
 \echo :LAST_ERROR_SQLSTATE
 -- The key named ("key => text") is hinted too.
-SELECT idem_lookup('msg', key => 'k'::text);
+SELECT state FROM idem_lookup('msg', key => 'k'::text);
 \echo :LAST_ERROR_SQLSTATE
 -- A text[] where the relay's functions expect idem_key[] (ARRAY['...'] is text[]): the
 -- hint names ::idem_key[], positional or named.
