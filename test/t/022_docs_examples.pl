@@ -77,11 +77,13 @@ for my $document ('README.md', 'CONTRIBUTING.md', sort glob('docs/*.md')) {
 	ok(!@broken, "$document: every link resolves") or diag(join("\n", @broken));
 }
 
-# Documents whose examples need more than one PostgreSQL node; test/t/017_citus.pl
-# runs the same calls on a real Citus cluster.
+# Documents whose examples need what this native cluster cannot have: more than one
+# PostgreSQL node (test/t/017_citus.pl runs the same calls on a real Citus cluster), or
+# the SQL-only edition with pg_cron (test/sqlonly/t/003_pg_cron.pl runs its calls).
 my %not_here = (
 	'docs/citus.md' => 'needs a Citus cluster (017_citus.pl)',
 	'docs/design-citus.md' => 'a design note: needs a Citus cluster',
+	'docs/sql-only.md' => 'needs the SQL-only edition and pg_cron (test/sqlonly/t/003_pg_cron.pl)',
 );
 
 my @documents = ('README.md', sort glob('docs/*.md'));
