@@ -208,8 +208,7 @@ as_app(join("\n", map { "SELECT idem_emit('moved', '{}', 'mv-1', event_id => 'mv
 my $held = claim('relay-1', 1, q{, topics => '{moved}'});
 is(join(',', map { "$_->[0]:$_->[2]" } @$held), 'mv-1:1', '(m) relay-1 holds the lease of mv-1 (seq 1)');
 my $shard = query(q{SELECT get_shard_id_for_distribution_column('idempotency.routed_outbox', 1::bigint)});
-query(sprintf(q{SELECT citus_move_shard_placement(%d, '127.0.0.1', %d, '127.0.0.1', %d, shard_transfer_mode => 'block_writes')},
-	$shard, $from, $target->port));
+IdemCitus::move_shard($coordinator, $shard, $from, $target->port, 'block_writes');
 is(node_of(1), $target->port, '(m) the shard of account 1 moved to the other worker');
 as_app(join("\n", map { "SELECT idem_emit('moved', '{}', 'mv-1', event_id => 'mv-$_', route => 1);" } 4 .. 6));
 is(query(q{SELECT count(*) FROM idempotency.routed_outbox WHERE aggregate = 'mv-1' AND seq > 3
@@ -224,8 +223,8 @@ is(join(',', map { $_->[2] } @$rest), '2,3,4,5,6', '(m) the rest in seq order, n
 as_app(q{SELECT idem_emit('moved', '{}', 'mv-1', event_id => 'mv-7', route => 1)});
 is(ack('relay-2', $rest), '5', '(m) acknowledged');
 $held = claim('relay-1', 10, q{, topics => '{moved}'});
-query(sprintf(q{SELECT citus_move_shard_placement(%d, '127.0.0.1', %d, '127.0.0.1', %d, shard_transfer_mode => 'force_logical')},
-	$shard, $target->port, $from));
+# (IdemCitus cleans up the placement the first move left behind before moving back.)
+IdemCitus::move_shard($coordinator, $shard, $target->port, $from, 'force_logical');
 is(node_of(1), $from, '(m) moved back in logical mode');
 as_app(q{SELECT idem_emit('moved', '{}', 'mv-1', event_id => 'mv-8', route => 1)});
 is(ack('relay-1', $held), '1', '(m) the ack after the move back counts');
@@ -244,12 +243,8 @@ as_relay(q{SELECT idem_outbox_ack('relay-2', '{mv-8}')});
 as_app(join("\n", map { my $a = $_; map { "SELECT idem_emit('concurrent', '{}', 'cr-$a', route => $a);" } 1 .. 5 } 1 .. $accounts));
 my $moving_from = node_of(1);
 my ($moving_to) = grep { $_ != $moving_from } map { $_->port } @workers;
-my $mover = $coordinator->background_psql('postgres');
-$mover->query_until(qr/moving/, sprintf(q{\echo moving
-SELECT citus_move_shard_placement(get_shard_id_for_distribution_column('payments', 1::bigint),
-  '127.0.0.1', %d, '127.0.0.1', %d, shard_transfer_mode => 'force_logical');
-\echo moved
-}, $moving_from, $moving_to));
+my $mover = IdemCitus::start_move($coordinator, query(q{SELECT get_shard_id_for_distribution_column('payments', 1::bigint)}),
+	$moving_from, $moving_to, 'force_logical');
 my (%seen_r, %order_r);
 my ($emitted_r, $retried_r) = (5 * $accounts, 0);
 my ($moved, $idle) = (0, 0);
@@ -278,7 +273,7 @@ for my $round (1 .. 2000) {
 	$idle = @$batch ? 0 : $idle + 1;
 	last if $moved && $idle >= 2;
 }
-$mover->quit;
+IdemCitus::finish_move($mover);
 note("(r) calls retried during the move: $retried_r");
 is(node_of(1), $moving_to, '(r) the shard of account 1 moved while relaying');
 is(scalar(keys %seen_r), $emitted_r, "(r) each of the $emitted_r events emitted before and during the move handed out");
