@@ -354,11 +354,20 @@ sub waiting_shards {
 	               JOIN citus_shards s USING (shardid) WHERE r.result::bigint > 0});
 }
 
+# The SQLSTATE of a statement run as app on $node.
+sub sqlstate_on {
+	my ($node, $sql) = @_;
+	my ($out, $err) = ('', '');
+	$node->psql('postgres', "\\set VERBOSITY verbose\n$sql", stdout => \$out, stderr => \$err,
+		extra_params => [ '-U', 'app' ]);
+	return $err =~ /ERROR:\s+([0-9A-Z]{5}):/ ? $1 : "no error ($out)";
+}
+
 for my $domain (
-	[ 'account_id', 'bigint', 'CHECK (VALUE > 0)', [ 1 .. 12 ] ],
-	[ 'tenant_code', 'text', q{CHECK (VALUE ~ '^t-[a-z]+$')}, [ map { "t-$_" } 'a' .. 'l' ] ])
+	[ 'account_id', 'bigint', 'CHECK (VALUE > 0)', [ 1 .. 12 ], '-1' ],
+	[ 'tenant_code', 'text', q{CHECK (VALUE ~ '^t-[a-z]+$')}, [ map { "t-$_" } 'a' .. 'l' ], q{'T-1'::text} ])
 {
-	my ($type, $base, $check, $routes) = @$domain;
+	my ($type, $base, $check, $routes, $refused) = @$domain;
 	my $table = "ledger_$base";
 	# Delivered events are all there is: the store may be taken back.
 	query(q{DELETE FROM idempotency.routed_outbox});
@@ -377,6 +386,13 @@ for my $domain (
 		map { "BEGIN; SELECT idem_emit('dom', '{\"n\": $_}', 'dom-$r', route => '$r'::$type); COMMIT;" } 1 .. 3 } @$routes));
 	my $events = 3 * @$routes;
 	like(waiting_shards(), qr/^[2-4]\|2$/, "(d) $type: the $events events in shards on both workers");
+	# A route of the base type (or one cast implicitly to it) that the domain refuses:
+	# refused as an implicit cast to the domain would be, wherever the call runs (on
+	# a worker, for the shard there, too), and nothing stored.
+	is(join(',', map { sqlstate_on($_, qq{SELECT idem_emit('refused', '{}', route => $refused)}) } @nodes),
+		'23514,23514,23514', "(d) $type: a route $refused the domain refuses: 23514 on every node");
+	is(query(q{SELECT sum(result::bigint) FROM run_command_on_shards('idempotency.routed_outbox',
+	             $$SELECT count(*) FROM %s WHERE topic = 'refused'$$)}), '0', "(d) $type: and nothing stored");
 
 	# Claimed 5 at a time by one relay, acknowledged each time from a fresh session.
 	my (%handed_out, %order_d);
@@ -404,9 +420,10 @@ for my $domain (
 	is(as_relay(q{SELECT string_agg(event_id || ':' || reason, ',') FROM idem_outbox_dead_letters()}),
 		"dl-$type:poison", "(d) $type: listed by idem_outbox_dead_letters");
 	is(as_relay(q{SELECT idem_outbox_retry()}), '1', "(d) $type: idem_outbox_retry puts it back");
-	my $retried_d = claim('relay-d', 10, q{, topics => '{dom-dl}'});
-	is(join(',', map { "$_->[0]:$_->[3]" } @$retried_d), "dl-$type:2", "(d) $type: handed out again, attempt 2");
-	is(ack('relay-d', $retried_d), '1', "(d) $type: and acknowledged");
+	# Claimed again and acknowledged in one transaction block of a fresh session.
+	is(as_relay(qq{BEGIN; SELECT $claim_columns FROM idem_outbox_claim('relay-d', 10, topics => '{dom-dl}');
+	               SELECT idem_outbox_ack('relay-d', '{dl-$type}'); COMMIT;}),
+		"dl-$type|dl|1|2\n1", "(d) $type: handed out again (attempt 2) and acknowledged, in a block");
 	is(as_relay(q{SELECT count(*) FROM idem_outbox_dead_letters()}) . '|' . waiting_shards(), '0|0|0',
 		"(d) $type: no dead letter left, nothing waiting in any shard");
 	is(scalar(@{ claim('relay-d', 100) }), 0, "(d) $type: a claim finds nothing more");
