@@ -23,7 +23,8 @@
 #   (k) at the end nothing is pending, each event delivered once; amcheck on every
 #       shard of routed_outbox;
 #   (d) a domain with a check (over bigint, over text) as the distribution column:
-#       emit, claim, ack, dead letters and retry, every event handed out once.
+#       a route the domain refuses is refused on every node; emit, a shard moved,
+#       claim, ack, dead letters and retry, every event handed out once.
 #
 # Needs Citus installed in the PostgreSQL under test, like 017_citus.pl (IDEM_CITUS).
 use strict;
@@ -393,6 +394,17 @@ for my $domain (
 		'23514,23514,23514', "(d) $type: a route $refused the domain refuses: 23514 on every node");
 	is(query(q{SELECT sum(result::bigint) FROM run_command_on_shards('idempotency.routed_outbox',
 	             $$SELECT count(*) FROM %s WHERE topic = 'refused'$$)}), '0', "(d) $type: and nothing stored");
+
+	# A shard holding some of them moved to the other worker first (its copy checks
+	# the domain's constraints on every route).
+	my ($moving, $port_d) = split /\|/, query(q{
+		SELECT r.shardid || '|' || s.nodeport
+		FROM run_command_on_shards('idempotency.routed_outbox', $$SELECT count(*) FROM %s$$) r
+		JOIN citus_shards s USING (shardid) WHERE r.result::bigint > 0 ORDER BY r.shardid LIMIT 1});
+	my ($to_d) = grep { $_ != $port_d } map { $_->port } @workers;
+	IdemCitus::move_shard($coordinator, $moving, $port_d, $to_d, 'block_writes');
+	is(query(qq{SELECT nodeport FROM citus_shards WHERE shardid = $moving}), $to_d,
+		"(d) $type: a shard of the events moved");
 
 	# Claimed 5 at a time by one relay, acknowledged each time from a fresh session.
 	my (%handed_out, %order_d);
