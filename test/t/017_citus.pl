@@ -206,9 +206,7 @@ sub move_every_shard {
 	for my $placement (@placements) {
 		my ($shard, $from) = @$placement;
 		my $to = $from == $worker1->port ? $worker2->port : $worker1->port;
-		$coordinator->safe_psql('postgres', qq{
-			SELECT citus_move_shard_placement($shard, '127.0.0.1', $from, '127.0.0.1', $to,
-			                                  shard_transfer_mode => '$mode')});
+		IdemCitus::move_shard($coordinator, $shard, $from, $to, $mode);
 	}
 	return $coordinator->safe_psql('postgres', sprintf(q{
 		SELECT count(*) FROM citus_shards s
@@ -402,11 +400,10 @@ is(stored_keys('e') . ' ' . stored_keys('e2'), "$split_keys|0 500|0", '(e) no ke
 for my $placement (map { [ split /\|/ ] } split /\n/, $coordinator->safe_psql('postgres', sprintf(q{
 		SELECT shardid, nodeport FROM citus_shards
 		WHERE table_name = 'payments'::regclass AND nodeport <> %d}, $worker1->port))) {
-	$coordinator->safe_psql('postgres', sprintf(q{
-		SELECT citus_move_shard_placement(%d, '127.0.0.1', %d, '127.0.0.1', %d,
-		                                  shard_transfer_mode => 'block_writes')},
-		$placement->[0], $placement->[1], $worker1->port));
+	IdemCitus::move_shard($coordinator, $placement->[0], $placement->[1], $worker1->port, 'block_writes');
 }
+# (The rebalancer moves them again: nothing of the moves above left to clean up.)
+IdemCitus::cleanup_orphans($coordinator);
 $load = start_load('r', 500, 8000, 'app');
 $coordinator->safe_psql('postgres', q{
 	SELECT citus_rebalance_start(shard_transfer_mode => 'force_logical');
@@ -707,10 +704,7 @@ is($session->query_safe("SELECT idem_test_citus_route('payments', ${account}::bi
 		SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = 'payments'::regclass
 		AND shardminvalue::int < (SELECT shardminvalue::int FROM pg_dist_shard WHERE shardid = $shard)}))
 	  . ' t', "(f) worker1: account $account is in local shard $shard");
-$coordinator->safe_psql('postgres', sprintf(q{
-	SELECT citus_move_shard_placement(%d, '127.0.0.1', %d, '127.0.0.1', %d,
-	                                  shard_transfer_mode => 'block_writes')},
-	$shard, $worker1->port, $worker2->port));
+IdemCitus::move_shard($coordinator, $shard, $worker1->port, $worker2->port, 'block_writes');
 like($session->query_safe("SELECT idem_test_citus_route('payments', ${account}::bigint, false)"),
 	qr/^$shard \d+ f$/, '(f) worker1, same session, after the move: no longer local');
 $session->quit;
@@ -721,12 +715,9 @@ $session = $worker2->background_psql('postgres');
 $session->query_safe('BEGIN');
 like($session->query_safe("SELECT idem_test_citus_route('payments', ${account}::bigint, true)"),
 	qr/^$shard \d+ t$/, '(f) worker2: the shard is local, and its metadata lock taken');
-my $mover = IPC::Run::start(
-	[ 'psql', '-XAtq', '-d', $coordinator->connstr('postgres'), '-c', sprintf(q{
-		SELECT citus_move_shard_placement(%d, '127.0.0.1', %d, '127.0.0.1', %d,
-		                                  shard_transfer_mode => 'block_writes')},
-		$shard, $worker2->port, $worker1->port) ],
-	'>', \my $mover_out, '2>', \my $mover_err);
+# (The shard moves back: start_move first cleans up the placement the move above left
+# on worker1, which Citus's maintenance daemon may be dropping right now.)
+my $mover = IdemCitus::start_move($coordinator, $shard, $worker2->port, $worker1->port, 'block_writes');
 ok($worker2->poll_query_until('postgres', q{
 		SELECT count(*) > 0 FROM pg_locks
 		WHERE locktype = 'advisory' AND objsubid = 8 AND mode = 'ExclusiveLock' AND NOT granted}),
@@ -735,7 +726,7 @@ is($coordinator->safe_psql('postgres',
 		"SELECT nodeport FROM citus_shards WHERE shardid = $shard"),
 	$worker2->port, '(f) and has not moved the shard while the transaction runs');
 $session->query_safe('COMMIT');
-$mover->finish;
+IdemCitus::finish_move($mover);
 is($coordinator->safe_psql('postgres',
 		"SELECT nodeport FROM citus_shards WHERE shardid = $shard"),
 	$worker1->port, '(f) once it ended, the move went through');
@@ -759,19 +750,14 @@ $session->query_safe('BEGIN');
 is($session->query_safe(qq{SELECT outcome FROM idem_claim('jobs', 'moving-lease', lease => '1 hour',
                                                             route => ${lease_account}::bigint)}),
 	'claimed', "(f) a lease claim on the shard's node, its transaction still open");
-$mover = IPC::Run::start(
-	[ 'psql', '-XAtq', '-d', $coordinator->connstr('postgres'), '-c', sprintf(q{
-		SELECT citus_move_shard_placement(%d, '127.0.0.1', %d, '127.0.0.1', %d,
-		                                  shard_transfer_mode => 'block_writes')},
-		$lease_shard, $lease_port, $other_port) ],
-	'>', \$mover_out, '2>', \$mover_err);
+$mover = IdemCitus::start_move($coordinator, $lease_shard, $lease_port, $other_port, 'block_writes');
 ok($holder->poll_query_until('postgres', q{
 		SELECT count(*) > 0 FROM pg_locks
 		WHERE locktype = 'advisory' AND objsubid = 8 AND mode = 'ExclusiveLock' AND NOT granted}),
 	'(f) a move of its shard waits for the claim\'s transaction');
 $session->query_safe('COMMIT');
 $session->quit;
-$mover->finish;
+IdemCitus::finish_move($mover);
 is($coordinator->safe_psql('postgres', "SELECT nodeport FROM citus_shards WHERE shardid = $lease_shard"),
 	$other_port, '(f) then the move goes through');
 is($coordinator->safe_psql('postgres', qq{

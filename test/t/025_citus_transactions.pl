@@ -402,10 +402,12 @@ sub block_steps {
 		qq{SELECT 1 FROM idem_complete('payments', 's-$n', '{"s": $n}', route => $account);}, 'COMMIT;');
 }
 
-sub move_command {
+# A move of the shard to the other worker in the background: IdemCitus cleans up what
+# earlier moves left first (a shard may move back here), and finish_move ends the test
+# with the mover's error should it fail.
+sub start_move {
 	my ($shard, $from, $mode) = @_;
-	return sprintf(q{SELECT citus_move_shard_placement(%d, '127.0.0.1', %d, '127.0.0.1', %d,
-	                 shard_transfer_mode => '%s');}, $shard, $from, other_port($from), $mode);
+	return IdemCitus::start_move($coordinator, $shard, $from, other_port($from), $mode);
 }
 
 # Per key s-$n: one payment of $account and its key completed, or neither; then a
@@ -432,13 +434,12 @@ for my $mode ('block_writes', 'force_logical') {
 	is($tx->query_safe($steps[0]), 'claimed', "(s) $mode, transaction first: claimed");
 	$tx->query_safe($steps[1]);
 	my $before = waiting_locks();
-	my $mover = $coordinator->background_psql('postgres');
-	$mover->query_until(qr/moving/, "\\echo moving\n" . move_command($shard, $from, $mode) . "\n");
+	my $mover = start_move($shard, $from, $mode);
 	poll_until_waiting($before, "(s) $mode, transaction first: the move");
 	$tx->query_safe($steps[2]);
 	$tx->query_safe($steps[3]);
 	$tx->quit;
-	$mover->quit;
+	IdemCitus::finish_move($mover);
 	is((shard_of($account))[1], other_port($from), "(s) $mode, transaction first: the shard moved");
 	check_key($s, $account, "(s) $mode, transaction first");
 
@@ -452,8 +453,7 @@ for my $mode ('block_writes', 'force_logical') {
 	my $holder = $source->background_psql('postgres');
 	$holder->query_safe("SET citus.enable_manual_changes_to_shards = on; BEGIN; LOCK TABLE payments_$shard IN ACCESS EXCLUSIVE MODE;");
 	$before = waiting_locks();
-	$mover = $coordinator->background_psql('postgres');
-	$mover->query_until(qr/moving/, "\\echo moving\n" . move_command($shard, $from, $mode) . "\n");
+	$mover = start_move($shard, $from, $mode);
 	poll_until_waiting($before, "(s) $mode, move first: the move");
 	$before = waiting_locks();
 	$tx = $coordinator->background_psql('postgres', extra_params => [ '-U', 'app' ], on_error_stop => 0);
@@ -461,7 +461,7 @@ for my $mode ('block_writes', 'force_logical') {
 	poll_until_waiting($before, "(s) $mode, move first: the transaction");
 	$holder->query_safe('COMMIT;');
 	$holder->quit;
-	$mover->quit;
+	IdemCitus::finish_move($mover);
 	$tx->quit;
 	is((shard_of($account))[1], other_port($from), "(s) $mode, move first: the shard moved");
 	check_key($s, $account, "(s) $mode, move first");

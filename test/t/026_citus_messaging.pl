@@ -239,8 +239,7 @@ my ($shard, $from_port) = split /\|/, query(q{
 	WHERE table_name = 'idempotency.routed_outbox'::regclass
 	  AND shardid = get_shard_id_for_distribution_column('idempotency.routed_outbox', 1::bigint)});
 my $to_port = $from_port == $worker1->port ? $worker2->port : $worker1->port;
-query(qq{SELECT citus_move_shard_placement($shard, '127.0.0.1', $from_port, '127.0.0.1', $to_port,
-	                                     shard_transfer_mode => 'block_writes')});
+IdemCitus::move_shard($coordinator, $shard, $from_port, $to_port, 'block_writes');
 is(query(qq{SELECT nodeport FROM citus_shards WHERE shardid = $shard}), $to_port, '(m) the shard of account 1 moved');
 as_app(join("\n", map { "CALL pay_and_emit('m-$_', $_, 9);" } 1 .. $accounts));
 as_app(join("\n", map { "BEGIN; SELECT idem_emit('payment.created', '{}', 'account-$_', route => $_); COMMIT;" } 1 .. $accounts));
@@ -249,8 +248,8 @@ is(query(q{SELECT max(seq) FROM idempotency.routed_outbox WHERE aggregate = 'acc
 	'(m) account 1 continues its sequence on the node its shard moved to');
 is(placement(), 10 * $accounts + 3 . '|0', '(m) every event in the shard of its route');
 # Back, in logical mode.
-query(qq{SELECT citus_move_shard_placement($shard, '127.0.0.1', $to_port, '127.0.0.1', $from_port,
-	                                     shard_transfer_mode => 'force_logical')});
+# (IdemCitus cleans up the placement the first move left behind before moving back.)
+IdemCitus::move_shard($coordinator, $shard, $to_port, $from_port, 'force_logical');
 is(query(qq{SELECT nodeport FROM citus_shards WHERE shardid = $shard}), $from_port, '(m) moved back in logical mode');
 as_app(join("\n", map { "BEGIN; SELECT idem_emit('payment.created', '{}', 'account-$_', route => $_); COMMIT;" } 1 .. $accounts));
 is(seq_check(), "$accounts|$accounts|" . (11 * $accounts + 2), '(m) after the logical move: seq still gapless per aggregate');

@@ -2,6 +2,7 @@
 // those of Citus 14.0.1's include/distributed/pg_dist_{partition,shard,placement,
 // local_group}.h.
 #include "pg/citus/citus_meta.hpp"
+#include "pg/common/compat.hpp"
 #include "pg/common/errors.hpp"
 #include "pg/common/open_relations.hpp"
 
@@ -13,19 +14,24 @@ extern "C" {
 #include "access/skey.h"
 #include "access/stratnum.h"
 #include "access/table.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_namespace.h"
+#include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "miscadmin.h"
 #include "nodes/primnodes.h"
 #include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "storage/lockdefs.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/datum.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/syscache.h"
 #include "utils/typcache.h"
 #include "utils/varlena.h"
 }
@@ -74,6 +80,11 @@ struct Entry {
   FmgrInfo hash;
   int nshards;
   Shard* shards;  // sorted by min
+  // The relay's routing values, one per shard (citus_shard_values), found once.
+  bool routes_searched;
+  Datum* routes;  // by shard; with has_route
+  bool* has_route;
+  void* domain_check;  // domain_accepts's cache of the column's domain constraints
 };
 
 constexpr int kEntries = 8;
@@ -135,7 +146,8 @@ int32 local_group() {
 // hash-distributed (or no Citus) is remembered as such.
 void build(Entry* entry, Oid relid) {
   if (entry->context != nullptr) MemoryContextDelete(entry->context);
-  *entry = Entry{relid, false, false, nullptr, 0, InvalidOid, InvalidOid, 0, false, {}, 0, nullptr};
+  *entry = Entry{};
+  entry->relid = relid;
   Oid partition = catalog_relid("pg_dist_partition");
   if (!OidIsValid(partition)) {
     entry->valid = true;
@@ -329,50 +341,186 @@ bool citus_column(Oid relid, CitusColumn* column) {
   return entry->distributed;
 }
 
-int citus_shard_values(Oid relid, Datum** values, int64** shardids) {
-  // Hash values spread evenly: a shard of 1/n of the range is met within a few times
-  // n tries; the bound is for ranges made tiny by splits.
-  constexpr int64 kTries = 1000000;
-  const Entry* entry = lookup(relid);
-  if (!entry->distributed) not_hash_distributed(relid);
-  Oid type = entry->column_type;
+namespace {
+
+// Where the relay's routing values come from: values of the column's base type, through
+// its input function, that pass a domain's constraints.
+struct RouteCandidates {
+  Oid base;  // the column's type, or a domain's base type
+  bool domain;
+  bool signed_number;  // tried with both signs: a domain may accept negative values only
+  Oid input;
+  Oid ioparam;
+};
+
+RouteCandidates route_candidates(const Entry* entry) {
+  RouteCandidates candidates{};
+  candidates.base = getBaseType(entry->column_type);
+  candidates.domain = candidates.base != entry->column_type;
   char category;
   bool preferred;
-  get_type_category_preferred(type, &category, &preferred);
-  if (type != UUIDOID && category != TYPCATEGORY_NUMERIC && category != TYPCATEGORY_STRING)
+  get_type_category_preferred(candidates.base, &category, &preferred);
+  if (candidates.base != UUIDOID && category != TYPCATEGORY_NUMERIC &&
+      category != TYPCATEGORY_STRING)
     ereport(ERROR, errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
             errmsg("the relay serves a distributed key store routed by a number, a string or "
                    "a uuid, not by %s",
-                   format_type_be(type)));
-  Oid input, ioparam;
-  getTypeInputInfo(type, &input, &ioparam);
-  int n = entry->nshards;
-  auto found = static_cast<Datum*>(palloc0(sizeof(Datum) * Max(n, 1)));
-  auto have = static_cast<bool*>(palloc0(sizeof(bool) * Max(n, 1)));
-  int missing = n;
-  int64 limit = type == INT2OID ? PG_INT16_MAX : kTries;
-  for (int64 i = 0; missing > 0 && i <= limit; i++) {
-    char text[48];
-    if (type == UUIDOID)
-      snprintf(text, sizeof(text), "00000000-0000-4000-8000-%012llx", static_cast<long long>(i));
-    else
-      snprintf(text, sizeof(text), INT64_FORMAT, i);
-    Datum value = OidInputFunctionCall(input, text, ioparam, -1);
-    int index = route_in(entry, value).shard_index;
-    if (!have[index]) {
-      have[index] = true;
-      found[index] = value;
-      missing--;
-    }
+                   format_type_be(entry->column_type)));
+  switch (candidates.base) {
+    case INT2OID:
+    case INT4OID:
+    case INT8OID:
+    case NUMERICOID:
+    case FLOAT4OID:
+    case FLOAT8OID: candidates.signed_number = true; break;
+    default: break;
   }
-  if (missing > 0)
+  getTypeInputInfo(candidates.base, &candidates.input, &candidates.ioparam);
+  return candidates;
+}
+
+// Whether `value` may be passed as a routing value: a domain's constraints (which Citus
+// checks on both ends of a delegated call) accept it.
+bool routable(Entry* entry, const RouteCandidates& candidates, Datum value) {
+  return !candidates.domain ||
+         compat::domain_accepts(value, entry->column_type, &entry->domain_check, entry->context);
+}
+
+// Fills entry->routes with the first candidate found in each shard: "0", "1", "2", ...
+// ("0", "-1", "1", "-2", ... for a signed number; a uuid: ...-000000000000, ...-000000000001).
+// Hash values spread evenly: a shard of 1/n of the range is met within a few times n
+// tries; the bound is for ranges made tiny by splits, and a domain's check that refuses
+// every candidate for long gives up early (citus_shard_values then asks the shards).
+void search_routes(Entry* entry) {
+  constexpr int64 kTries = 1000000;
+  constexpr int64 kRefusedInARow = 10000;
+  RouteCandidates candidates = route_candidates(entry);
+  int n = entry->nshards;
+  MemoryContext old = MemoryContextSwitchTo(entry->context);
+  if (entry->routes == nullptr) {
+    entry->routes = static_cast<Datum*>(palloc0(sizeof(Datum) * Max(n, 1)));
+    entry->has_route = static_cast<bool*>(palloc0(sizeof(bool) * Max(n, 1)));
+  }
+  MemoryContext trials =
+      AllocSetContextCreate(entry->context, "idempotency routing values", ALLOCSET_SMALL_SIZES);
+  MemoryContextSwitchTo(trials);
+  int missing = 0;
+  for (int i = 0; i < n; i++) missing += entry->has_route[i] ? 0 : 1;
+  int64 limit = candidates.base == INT2OID ? 2 * static_cast<int64>(PG_INT16_MAX) : kTries;
+  int64 refused = 0;
+  for (int64 i = 0; missing > 0 && i <= limit && refused < kRefusedInARow; i++) {
+    char text[48];
+    int64 number = candidates.signed_number ? (i % 2 == 0 ? i / 2 : -(i + 1) / 2) : i;
+    if (candidates.base == UUIDOID)
+      snprintf(text, sizeof(text), "00000000-0000-4000-8000-%012llx",
+               static_cast<long long>(number));
+    else
+      snprintf(text, sizeof(text), INT64_FORMAT, number);
+    Datum value = OidInputFunctionCall(candidates.input, text, candidates.ioparam, -1);
+    int index = route_in(entry, value).shard_index;
+    if (!entry->has_route[index]) {
+      if (routable(entry, candidates, value)) {
+        entry->routes[index] = datumCopy(value, entry->column_byval, entry->column_length);
+        entry->has_route[index] = true;
+        missing--;
+        refused = 0;
+      } else {
+        refused++;
+      }
+    }
+    if (i % 1024 == 0) MemoryContextReset(trials);
+  }
+  MemoryContextSwitchTo(old);
+  MemoryContextDelete(trials);
+  entry->routes_searched = true;
+}
+
+// idempotency.shard_routes(regclass, bigint[]) (1.5), or InvalidOid before the update.
+// From the catalog, not by name lookup: the caller has no USAGE on schema idempotency.
+Oid shard_routes_function() {
+  Oid schema = get_namespace_oid("idempotency", true);
+  if (!OidIsValid(schema)) return InvalidOid;
+  Oid types[] = {REGCLASSOID, INT8ARRAYOID};
+  return GetSysCacheOid3(PROCNAMEARGSNSP, Anum_pg_proc_oid, CStringGetDatum("shard_routes"),
+                         PointerGetDatum(buildoidvector(types, 2)), ObjectIdGetDatum(schema));
+}
+
+// For the shards of `relid` without a routing value: the route of one of the events
+// waiting in each (pending or dead), read on the shard's node by
+// idempotency.shard_routes; a shard with none has nothing for the relay and stays
+// without. Returns the entry, which reading may have built again.
+Entry* routes_from_shards(Oid relid, Entry* entry) {
+  Oid function = shard_routes_function();
+  if (!OidIsValid(function)) {
+    int missing = 0;
+    for (int i = 0; i < entry->nshards; i++) missing += entry->has_route[i] ? 0 : 1;
     ereport(ERROR, errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-            errmsg("no routing value for %d of the %d shards of \"%s\" was found", missing, n,
-                   get_rel_name(relid)));
-  *values = found;
+            errmsg("no routing value for %d of the %d shards of \"%s\" was found", missing,
+                   entry->nshards, get_rel_name(relid)),
+            errhint("Run ALTER EXTENSION idempotency UPDATE on the coordinator: from 1.5 on, "
+                    "the relay finds them in the shards."));
+  }
+  ArrayBuildState* wanted = initArrayResult(INT8OID, CurrentMemoryContext, false);
+  for (int i = 0; i < entry->nshards; i++)
+    if (!entry->has_route[i])
+      accumArrayResult(wanted, Int64GetDatum(entry->shards[i].shardid), false, INT8OID,
+                       CurrentMemoryContext);
+  // As the function's owner (SECURITY DEFINER), who may read the shards; no EXECUTE
+  // check here: the relay function calling it is the caller's grant.
+  ArrayType* found = DatumGetArrayTypeP(OidFunctionCall2(
+      function, ObjectIdGetDatum(relid), makeArrayResult(wanted, CurrentMemoryContext)));
+  // Opening catalogs and running SQL accept invalidations: look again.
+  entry = lookup(relid);
+  if (!entry->distributed) not_hash_distributed(relid);
+  if (!entry->routes_searched) search_routes(entry);
+  RouteCandidates candidates = route_candidates(entry);
+  Datum* texts;
+  bool* nulls;
+  int count;
+  deconstruct_array(found, TEXTOID, -1, false, TYPALIGN_INT, &texts, &nulls, &count);
+  for (int i = 0; i < count; i++) {
+    if (nulls[i]) continue;
+    Datum value = OidInputFunctionCall(candidates.input, TextDatumGetCString(texts[i]),
+                                       candidates.ioparam, -1);
+    int index = route_in(entry, value).shard_index;
+    if (entry->has_route[index] || !routable(entry, candidates, value)) continue;
+    MemoryContext old = MemoryContextSwitchTo(entry->context);
+    entry->routes[index] = datumCopy(value, entry->column_byval, entry->column_length);
+    entry->has_route[index] = true;
+    MemoryContextSwitchTo(old);
+  }
+  return entry;
+}
+
+}  // namespace
+
+int citus_shard_values(Oid relid, Datum** values, int64** shardids) {
+  Entry* entry = lookup(relid);
+  if (!entry->distributed) not_hash_distributed(relid);
+  if (entry->routes_searched && entry->domain_check != nullptr) {
+    // A domain's constraints may have changed since (ALTER DOMAIN): keep what passes.
+    RouteCandidates candidates = route_candidates(entry);
+    for (int i = 0; i < entry->nshards; i++)
+      if (entry->has_route[i] && !routable(entry, candidates, entry->routes[i])) {
+        entry->has_route[i] = false;
+        entry->routes_searched = false;
+      }
+  }
+  if (!entry->routes_searched) search_routes(entry);
+  bool complete = true;
+  for (int i = 0; i < entry->nshards; i++) complete = complete && entry->has_route[i];
+  if (!complete) entry = routes_from_shards(relid, entry);
+  int n = entry->nshards;
+  *values = static_cast<Datum*>(palloc(sizeof(Datum) * Max(n, 1)));
   *shardids = static_cast<int64*>(palloc(sizeof(int64) * Max(n, 1)));
-  for (int i = 0; i < n; i++) (*shardids)[i] = entry->shards[i].shardid;
-  return n;
+  int count = 0;
+  for (int i = 0; i < n; i++) {
+    if (!entry->has_route[i]) continue;
+    (*values)[count] = datumCopy(entry->routes[i], entry->column_byval, entry->column_length);
+    (*shardids)[count] = entry->shards[i].shardid;
+    count++;
+  }
+  return count;
 }
 
 int citus_local_shards(Oid relid, int64** shardids) {

@@ -60,11 +60,18 @@ struct CitusColumn {
 bool citus_column(Oid relid, CitusColumn* column);
 
 // One value of the distribution column of hash-distributed table `relid` for each of
-// its shards, in shard order (the shards sorted by hash range), and the shards' ids,
-// in the current memory context; returns how many. Citus routes a call by a value, not a shard, so
-// this is how a call is sent to every shard (the relay's). Found by trying "0", "1", ... (a uuid:
-// ...-000000000000, ...-000000000001) through the type's input function: ERROR 0A000 for a column
-// type outside the numeric and string categories and uuid, or when no value is found for a shard.
+// its shards that may hold something for the relay, in shard order (the shards sorted by
+// hash range), and the shards' ids, in the current memory context; returns how many.
+// Citus routes a call by a value, not a shard, so this is how a call is sent to every
+// shard (the relay's). A value passes the column's domain constraints, if any: Citus
+// checks them at both ends of a delegated call. Tried first: "0", "1", ... ("0", "-1",
+// "1", ... for a signed number; a uuid: ...-000000000000, ...-000000000001) through the
+// input function of the column's (base) type, kept per backend until the shards change;
+// for a shard none of them reaches (a domain's check refused them), the route of one of
+// its waiting events, read on its node by idempotency.shard_routes (1.5); a shard with
+// none is left out. ERROR 0A000 for a column type outside the numeric and string
+// categories and uuid (or a domain over one), or when a shard has no value and
+// idempotency.shard_routes does not exist yet.
 int citus_shard_values(Oid relid, Datum** values, int64** shardids);
 
 // The shards of a hash-distributed table with a placement on this node, in the

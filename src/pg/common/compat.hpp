@@ -16,6 +16,10 @@ extern "C" {
 #include "storage/proc.h"
 #include "utils/acl.h"
 #include "utils/backend_status.h"
+#include "utils/builtins.h"
+#if PG_VERSION_NUM >= 160000
+#include "nodes/miscnodes.h"
+#endif
 }
 
 namespace idempotency::compat {
@@ -123,6 +127,23 @@ inline bool may_execute(Oid function, Oid user) {
   return object_aclcheck(ProcedureRelationId, function, user, ACL_EXECUTE) == ACLCHECK_OK;
 #else
   return pg_proc_aclcheck(function, user, ACL_EXECUTE) == ACLCHECK_OK;
+#endif
+}
+
+// Whether `value` (of the domain's base type) passes the domain's constraints, without an
+// error when it does not: 17 added domain_check_safe. Before, every value is taken as
+// passing (Citus, the one caller, runs on 17 and 18 only). `extra` caches the domain's
+// constraints between calls (NULL at first), in `context`.
+inline bool domain_accepts(Datum value, Oid domain, void** extra, MemoryContext context) {
+#if PG_VERSION_NUM >= 170000
+  ErrorSaveContext refused = {T_ErrorSaveContext};
+  return domain_check_safe(value, false, domain, extra, context, reinterpret_cast<Node*>(&refused));
+#else
+  (void)value;
+  (void)domain;
+  (void)extra;
+  (void)context;
+  return true;
 #endif
 }
 

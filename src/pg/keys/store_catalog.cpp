@@ -161,10 +161,14 @@ static StoreOids shard_oids(int64 shardid, Oid route_type) {
 }
 
 // The route as a value of the distribution column's type, as an implicit cast (or a
-// literal's input function) would make it.
+// literal's input function) would make it: a domain's constraints checked too (23514),
+// so that no route the business table could not hold is stored (a shard's next move,
+// whose copy checks them, would fail on it).
 static void coerce_route(Route* route, const CitusColumn& column) {
+  static void* domain_state;  // domain_check's, for the column's domain
   Oid want = column.type;
   if (route->type != want) {
+    bool literal = route->type == UNKNOWNOID;  // a domain's input function checks it
     Oid function;
     CoercionPathType path =
         route->type == UNKNOWNOID
@@ -189,6 +193,8 @@ static void coerce_route(Route* route, const CitusColumn& column) {
                         "value::%s.",
                         format_type_be(want)));
     }
+    if (!literal && get_typtype(want) == TYPTYPE_DOMAIN)
+      domain_check(route->value, false, want, &domain_state, CacheMemoryContext);
   }
   *route = Route{route->value, want, column.length, column.byval};
 }

@@ -1,12 +1,16 @@
 # A Citus cluster for the scale-out tests (017_citus.pl, 025_citus_transactions.pl,
 # 026_citus_messaging.pl, 027_citus_outbox_upkeep.pl, 028_citus_relay.pl): a
 # coordinator and two workers on loopback, Citus and the extension preloaded, the
-# extension created on the coordinator (Citus creates it on the workers).
+# extension created on the coordinator (Citus creates it on the workers); and shard
+# moves that clean up after Citus first and fail loudly.
 package IdemCitus;
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
 use Test::More;
+use IPC::Run;
+use Time::HiRes qw(usleep);
 
 # Skips the whole test where the PostgreSQL under test has no Citus, unless the test
 # runner said it has one (IDEM_CITUS=1: then a missing Citus is a failure).
@@ -71,6 +75,70 @@ citus.enable_statistics_collection = off
 	my $version = $options{extension_version} ? " VERSION '$options{extension_version}'" : '';
 	$coordinator->safe_psql('postgres', "CREATE EXTENSION idempotency$version; CREATE EXTENSION amcheck");
 	return @nodes;
+}
+
+# Shard moves. Citus drops the placement a move leaves behind later (deferred drop: a
+# row of pg_dist_cleanup, dropped by its maintenance daemon or at the start of the
+# next move). A move of that shard again (back, say) that meets the daemon dropping it
+# fails ("shard move failed as the orphaned shard ... leftover from the previous move
+# could not be cleaned up"), so every move here cleans up first, and a failed move
+# ends the test with the mover's error.
+
+# Drops what Citus left to clean up, until pg_dist_cleanup is empty (polling: the
+# maintenance daemon may be dropping a placement right now, which the call skips).
+sub cleanup_orphans {
+	my ($coordinator) = @_;
+	my $deadline = time + $PostgreSQL::Test::Utils::timeout_default;
+	while (1) {
+		$coordinator->safe_psql('postgres', 'CALL citus_cleanup_orphaned_resources()');
+		my $left = $coordinator->safe_psql('postgres', q{
+			SELECT string_agg(object_name || ' (operation ' || operation_id || ')', ', ')
+			FROM pg_dist_cleanup});
+		return if $left eq '';
+		die "Citus's orphaned resources were not cleaned up: $left" if time > $deadline;
+		usleep(100_000);
+	}
+}
+
+# The statement that moves shard $shard from the worker on port $from to the one on $to.
+sub move_sql {
+	my ($shard, $from, $to, $mode) = @_;
+	return sprintf(q{SELECT citus_move_shard_placement(%d, '127.0.0.1', %d, '127.0.0.1', %d,
+	                                                   shard_transfer_mode => '%s')},
+		$shard, $from, $to, $mode);
+}
+
+# Moves it, after cleaning up; dies with the mover's error if the move fails.
+sub move_shard {
+	my ($coordinator, $shard, $from, $to, $mode) = @_;
+	cleanup_orphans($coordinator);
+	my ($out, $err) = ('', '');
+	my $ret = $coordinator->psql('postgres', move_sql($shard, $from, $to, $mode),
+		stdout => \$out, stderr => \$err);
+	die "moving shard $shard from port $from to $to ($mode) failed (psql exit $ret): $err"
+	  if $ret != 0;
+	return;
+}
+
+# The same in the background (a psql of its own, after cleaning up): finish_move waits
+# for it and dies with the mover's error if it failed.
+sub start_move {
+	my ($coordinator, $shard, $from, $to, $mode) = @_;
+	cleanup_orphans($coordinator);
+	my $move = { out => '', err => '', what => "moving shard $shard from port $from to $to ($mode)" };
+	$move->{run} = IPC::Run::start(
+		[ 'psql', '-XAtq', '-v', 'ON_ERROR_STOP=1', '-d', $coordinator->connstr('postgres'),
+		  '-c', move_sql($shard, $from, $to, $mode) ],
+		'>', \$move->{out}, '2>', \$move->{err});
+	return $move;
+}
+
+sub finish_move {
+	my ($move) = @_;
+	$move->{run}->finish;
+	my $ret = $move->{run}->result;
+	die "$move->{what} failed (psql exit $ret): $move->{err}" if $ret != 0;
+	return;
 }
 
 1;
