@@ -96,9 +96,21 @@ is(IdemSqlOnly::safe_as($node, 'app_owner', 'app', q{
 crash_phase() if $failures == 0;
 fail('the crash under load: not run, the load without a crash failed already') if $failures;
 sub crash_phase {
+# A transaction holds key-700's claim open, so that the load stops there and the crash
+# is sure to come in the middle of it (all keys before it paid, the four clients
+# waiting on key-700), however fast the machine.
+my ($bout, $berr) = ('', '');
+my $blocker = IPC::Run::start(
+	[ 'psql', '-X', '-q', '-h', $node->host, '-p', $node->port, '-U', 'app_owner', '-d', 'app',
+	  '-c', q{BEGIN; SELECT idem_claim('pay', 'key-700', idem_fingerprint('700')); SELECT pg_sleep(600);} ],
+	'>', \$bout, '2>', \$berr);
+$node->poll_query_until('app', q{
+  SELECT count(*) = 1 FROM pg_stat_activity WHERE query LIKE '%pg_sleep(600)%' AND wait_event = 'PgSleep'})
+  or die 'the blocker did not hold key-700';
 ($clients, $vacuum) = start_load(301, 900);
-$node->poll_query_until('app', q{SELECT count(*) > 400 FROM payments}) or die 'the load did not start';
+$node->poll_query_until('app', q{SELECT count(*) = 699 FROM payments}) or die 'the load did not reach key-700';
 $node->stop('immediate');
+eval { $blocker->finish };
 eval { $_->{h}->finish } for @$clients;    # they fail with the server gone
 eval { $vacuum->finish };
 $node->start;
