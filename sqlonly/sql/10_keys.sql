@@ -293,9 +293,16 @@ END $$;
 --
 -- In a VOLATILE function every expression that calls a function that is not IMMUTABLE
 -- takes a new snapshot first (a command counter increment and GetSnapshotData, which
--- contends with every other session's commits), so what the fast path reads of the
--- session is read in one expression, `s`, and the checks after it call only immutable
--- functions.
+-- contends with every other session's commits). So a new key reads what its insert
+-- needs of the session in one expression (`n`), sets its two settings in another, and
+-- its answer calls only immutable functions.
+CREATE TYPE idempotency._claim_insert AS (
+  expires_at timestamptz,  -- the new key's
+  subtransactions int4,    -- this transaction's so far (idempotency._take_subtransaction)
+  lock_timeout text,       -- the caller's
+  bounds_wait boolean      -- the caller's lock_timeout is 0 or longer than 5 s
+);
+
 CREATE FUNCTION idem_claim(scope text, key idem_key,
     fingerprint bytea DEFAULT NULL, ttl interval DEFAULT NULL,
     lease interval DEFAULT NULL, wait interval DEFAULT NULL)
@@ -304,18 +311,8 @@ LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off AS $$
 DECLARE
   now pg_catalog.timestamptz := pg_catalog.clock_timestamp();
-  -- f1 the caller's role, f2 the new key's expiry, f3 the default TTL's setting,
-  -- f4 wait_timeout's, f5 transaction_read_only, f6 this transaction's subtransactions
-  -- so far.
-  s record := ROW(idempotency._me(),
-                  now OPERATOR(pg_catalog.+) coalesce(ttl, '24 hours'::pg_catalog.interval),
-                  pg_catalog.current_setting('idempotency.default_ttl', true),
-                  pg_catalog.current_setting('idempotency.wait_timeout', true),
-                  pg_catalog.current_setting('transaction_read_only'),
-                  pg_catalog.current_setting('idempotency.subtransactions', true));
-  -- f1 the caller's lock_timeout, f2 whether the claim bounds the wait itself (the
-  -- caller's lock_timeout is 0 or longer than 5 s).
-  own record;
+  me pg_catalog.regrole;
+  n idempotency._claim_insert;
   seen record;
   r idempotency.keys;
   written boolean;
@@ -325,22 +322,34 @@ BEGIN
      AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 0
      AND pg_catalog.octet_length(scope) OPERATOR(pg_catalog.<=) 255
      AND (fingerprint IS NULL OR pg_catalog.octet_length(fingerprint) OPERATOR(pg_catalog.<=) 64)
-     AND (ttl IS NULL OR s.f2 OPERATOR(pg_catalog.>) now)
-     AND (ttl IS NOT NULL OR coalesce(s.f3, '') OPERATOR(pg_catalog.=) '')
-     AND coalesce(s.f4, '') OPERATOR(pg_catalog.=) ''
-     AND s.f5 OPERATOR(pg_catalog.=) 'off' THEN
+     AND (ttl IS NULL OR now OPERATOR(pg_catalog.+) ttl OPERATOR(pg_catalog.>) now)
+     AND (ttl IS NOT NULL
+          OR coalesce(pg_catalog.current_setting('idempotency.default_ttl', true), '')
+             OPERATOR(pg_catalog.=) '')
+     AND coalesce(pg_catalog.current_setting('idempotency.wait_timeout', true), '')
+         OPERATOR(pg_catalog.=) ''
+     AND pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'off' THEN
+    me := idempotency._me();
     SELECT k AS r, k.xmax AS x INTO seen FROM idempotency.keys k
-      WHERE k.role OPERATOR(pg_catalog.=) s.f1 AND k.scope OPERATOR(pg_catalog.=) idem_claim.scope
+      WHERE k.role OPERATOR(pg_catalog.=) me AND k.scope OPERATOR(pg_catalog.=) idem_claim.scope
         AND k.key OPERATOR(pg_catalog.=) idem_claim.key;
     IF seen.r IS NULL THEN
       -- Rule 1. The insert waits for another transaction inserting the key, at most
       -- idempotency.wait_timeout (5 s): in a subtransaction, so that running out is
       -- an answer (in_progress), not the caller's abort.
-      IF coalesce(nullif(s.f6, ''), '0')::pg_catalog.int4 OPERATOR(pg_catalog.>=) 48 THEN
+      n := ROW(now OPERATOR(pg_catalog.+) coalesce(ttl, '24 hours'::pg_catalog.interval),
+               coalesce(nullif(pg_catalog.current_setting('idempotency.subtransactions', true), ''),
+                        '0')::pg_catalog.int4,
+               pg_catalog.current_setting('lock_timeout'),
+               pg_catalog.current_setting('lock_timeout') OPERATOR(pg_catalog.=) '0'
+               OR pg_catalog.current_setting('lock_timeout')::pg_catalog.interval
+                  OPERATOR(pg_catalog.>) '5 s'::pg_catalog.interval);
+      IF n.subtransactions OPERATOR(pg_catalog.>=) 48 THEN
         -- (idempotency._take_subtransaction: no more subtransactions in this transaction)
         INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact,
                                            scope, key, fingerprint, state)
-          VALUES (s.f1, 1, now, s.f2, pg_catalog.pg_current_xact_id(), scope, key, fingerprint, 'p')
+          VALUES (me, 1, now, n.expires_at, pg_catalog.pg_current_xact_id(), scope, key,
+                  fingerprint, 'p')
           ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING;
         GET DIAGNOSTICS written = ROW_COUNT;
       ELSE
@@ -349,27 +358,25 @@ BEGIN
           -- cache of this transaction's subtransactions as it was. The bound: 5 s, or
           -- the caller's own lock_timeout when shorter (its 55P03 is then the
           -- caller's, raised on).
-          own := ROW(pg_catalog.current_setting('lock_timeout'),
-                     pg_catalog.current_setting('lock_timeout') OPERATOR(pg_catalog.=) '0'
-                     OR pg_catalog.current_setting('lock_timeout')::pg_catalog.interval
-                        OPERATOR(pg_catalog.>) '5 s'::pg_catalog.interval);
           ignored := pg_catalog.set_config('idempotency.subtransactions',
-                       (coalesce(nullif(s.f6, ''), '0')::pg_catalog.int4 OPERATOR(pg_catalog.+) 1)::pg_catalog.text, true)
+                         (n.subtransactions OPERATOR(pg_catalog.+) 1)::pg_catalog.text, true)
                      OPERATOR(pg_catalog.||)
-                     CASE WHEN own.f2 THEN pg_catalog.set_config('lock_timeout', '5000', true) ELSE '' END;
+                     CASE WHEN n.bounds_wait THEN pg_catalog.set_config('lock_timeout', '5000', true)
+                          ELSE '' END;
           -- A plain INSERT: a key inserted meanwhile is a unique violation, caught below
           -- (no speculative insertion to confirm, no probe of the key before it).
           INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact,
                                              scope, key, fingerprint, state)
-            VALUES (s.f1, 1, now, s.f2, pg_catalog.pg_current_xact_id(), scope, key, fingerprint, 'p');
+            VALUES (me, 1, now, n.expires_at, pg_catalog.pg_current_xact_id(), scope, key,
+                    fingerprint, 'p');
           written := true;
-          IF own.f2 THEN
-            ignored := pg_catalog.set_config('lock_timeout', own.f1, true);
+          IF n.bounds_wait THEN
+            ignored := pg_catalog.set_config('lock_timeout', n.lock_timeout, true);
           END IF;
         EXCEPTION WHEN unique_violation THEN
           written := false;
         WHEN lock_not_available THEN
-          IF NOT own.f2 THEN
+          IF NOT n.bounds_wait THEN
             RAISE;
           END IF;
           RETURN ROW('in_progress'::pg_catalog.text, 'pending'::pg_catalog.text, NULL::pg_catalog.jsonb,
@@ -384,7 +391,7 @@ BEGIN
         -- check cost more than computing them again).
         RETURN ROW('claimed'::pg_catalog.text, 'pending'::pg_catalog.text, NULL::pg_catalog.jsonb,
                    1, NULL::pg_catalog.text, NULL::pg_catalog.jsonb, NULL::pg_catalog.interval,
-                   now, s.f2);
+                   now, n.expires_at);
       END IF;
     ELSE
       r := seen.r;
