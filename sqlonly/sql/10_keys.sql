@@ -26,7 +26,8 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 -- that rolled back. SECURITY DEFINER: found whichever role commits (row-level security
 -- would hide it from another); schema-qualified throughout, so no search_path needed.
 BEGIN
-  IF EXISTS (SELECT FROM idempotency.keys k WHERE k.ctid OPERATOR(pg_catalog.=) NEW.ctid) THEN
+  PERFORM FROM idempotency.keys k WHERE k.ctid OPERATOR(pg_catalog.=) NEW.ctid;
+  IF FOUND THEN
     RAISE EXCEPTION 'idempotency key "%" in scope "%" was claimed but not finished', NEW.key, NEW.scope
       USING ERRCODE = 'IK002',
             DETAIL = 'A transaction that claims a key must complete, fail or release it before it commits, so the key is never stored without its work.',
@@ -289,6 +290,19 @@ END $$;
 -- a new key, one insert; everything else goes to idempotency._claim. Every operator
 -- and function here is schema-qualified: the caller's search_path may hold others of
 -- the same names (a SET search_path clause would cost more than the claim itself).
+--
+-- In a VOLATILE function every expression that calls a function that is not IMMUTABLE
+-- takes a new snapshot first (a command counter increment and GetSnapshotData, which
+-- contends with every other session's commits). So a new key reads what its insert
+-- needs of the session in one expression (`n`), sets its two settings in another, and
+-- its answer calls only immutable functions.
+CREATE TYPE idempotency._claim_insert AS (
+  expires_at timestamptz,  -- the new key's
+  subtransactions int4,    -- this transaction's so far (idempotency._take_subtransaction)
+  lock_timeout text,       -- the caller's
+  bounds_wait boolean      -- the caller's lock_timeout is 0 or longer than 5 s
+);
+
 CREATE FUNCTION idem_claim(scope text, key idem_key,
     fingerprint bytea DEFAULT NULL, ttl interval DEFAULT NULL,
     lease interval DEFAULT NULL, wait interval DEFAULT NULL)
@@ -298,12 +312,10 @@ SET enable_seqscan = off AS $$
 DECLARE
   now pg_catalog.timestamptz := pg_catalog.clock_timestamp();
   me pg_catalog.regrole;
+  n idempotency._claim_insert;
   seen record;
   r idempotency.keys;
-  written pg_catalog.int8;
-  taken pg_catalog.int4;
-  own_timeout pg_catalog.text;
-  ours boolean;
+  written boolean;
   ignored pg_catalog.text;  -- set_config's result: an assignment is a simple expression, a PERFORM a query
 BEGIN
   IF lease IS NULL AND wait IS NULL AND scope IS NOT NULL AND key IS NOT NULL
@@ -325,41 +337,46 @@ BEGIN
       -- Rule 1. The insert waits for another transaction inserting the key, at most
       -- idempotency.wait_timeout (5 s): in a subtransaction, so that running out is
       -- an answer (in_progress), not the caller's abort.
-      taken := coalesce(nullif(pg_catalog.current_setting('idempotency.subtransactions', true), ''),
-                        '0')::pg_catalog.int4;
-      IF taken OPERATOR(pg_catalog.>=) 48 THEN
+      n := ROW(now OPERATOR(pg_catalog.+) coalesce(ttl, '24 hours'::pg_catalog.interval),
+               coalesce(nullif(pg_catalog.current_setting('idempotency.subtransactions', true), ''),
+                        '0')::pg_catalog.int4,
+               pg_catalog.current_setting('lock_timeout'),
+               pg_catalog.current_setting('lock_timeout') OPERATOR(pg_catalog.=) '0'
+               OR pg_catalog.current_setting('lock_timeout')::pg_catalog.interval
+                  OPERATOR(pg_catalog.>) '5 s'::pg_catalog.interval);
+      IF n.subtransactions OPERATOR(pg_catalog.>=) 48 THEN
         -- (idempotency._take_subtransaction: no more subtransactions in this transaction)
         INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact,
                                            scope, key, fingerprint, state)
-          VALUES (me, 1, now, now OPERATOR(pg_catalog.+)
-                              coalesce(ttl, '24 hours'::pg_catalog.interval),
-                  pg_catalog.pg_current_xact_id(), scope, key, fingerprint, 'p')
+          VALUES (me, 1, now, n.expires_at, pg_catalog.pg_current_xact_id(), scope, key,
+                  fingerprint, 'p')
           ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING;
         GET DIAGNOSTICS written = ROW_COUNT;
       ELSE
-        ignored := pg_catalog.set_config('idempotency.subtransactions',
-                                      (taken OPERATOR(pg_catalog.+) 1)::pg_catalog.text, true);
         BEGIN
-          -- The bound: 5 s, or the caller's own lock_timeout when shorter (its 55P03
-          -- is then the caller's, raised on).
-          own_timeout := pg_catalog.current_setting('lock_timeout');
-          ours := own_timeout OPERATOR(pg_catalog.=) '0'
-                  OR own_timeout::pg_catalog.interval OPERATOR(pg_catalog.>) '5 s'::pg_catalog.interval;
-          IF ours THEN
-            ignored := pg_catalog.set_config('lock_timeout', '5000', true);
-          END IF;
+          -- Counted inside the subtransaction: one that rolls back leaves PostgreSQL's
+          -- cache of this transaction's subtransactions as it was. The bound: 5 s, or
+          -- the caller's own lock_timeout when shorter (its 55P03 is then the
+          -- caller's, raised on).
+          ignored := pg_catalog.set_config('idempotency.subtransactions',
+                         (n.subtransactions OPERATOR(pg_catalog.+) 1)::pg_catalog.text, true)
+                     OPERATOR(pg_catalog.||)
+                     CASE WHEN n.bounds_wait THEN pg_catalog.set_config('lock_timeout', '5000', true)
+                          ELSE '' END;
+          -- A plain INSERT: a key inserted meanwhile is a unique violation, caught below
+          -- (no speculative insertion to confirm, no probe of the key before it).
           INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact,
                                              scope, key, fingerprint, state)
-            VALUES (me, 1, now, now OPERATOR(pg_catalog.+)
-                                coalesce(ttl, '24 hours'::pg_catalog.interval),
-                    pg_catalog.pg_current_xact_id(), scope, key, fingerprint, 'p')
-            ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING;
-          GET DIAGNOSTICS written = ROW_COUNT;
-          IF ours THEN
-            ignored := pg_catalog.set_config('lock_timeout', own_timeout, true);
+            VALUES (me, 1, now, n.expires_at, pg_catalog.pg_current_xact_id(), scope, key,
+                    fingerprint, 'p');
+          written := true;
+          IF n.bounds_wait THEN
+            ignored := pg_catalog.set_config('lock_timeout', n.lock_timeout, true);
           END IF;
-        EXCEPTION WHEN lock_not_available THEN
-          IF NOT ours THEN
+        EXCEPTION WHEN unique_violation THEN
+          written := false;
+        WHEN lock_not_available THEN
+          IF NOT n.bounds_wait THEN
             RAISE;
           END IF;
           RETURN ROW('in_progress'::pg_catalog.text, 'pending'::pg_catalog.text, NULL::pg_catalog.jsonb,
@@ -369,12 +386,12 @@ BEGIN
                      NULL::pg_catalog.timestamptz, NULL::pg_catalog.timestamptz);
         END;
       END IF;
-      IF written OPERATOR(pg_catalog.=) 1 THEN
+      IF written THEN
         -- The values just inserted (no RETURNING: its projection and row-level security
         -- check cost more than computing them again).
         RETURN ROW('claimed'::pg_catalog.text, 'pending'::pg_catalog.text, NULL::pg_catalog.jsonb,
                    1, NULL::pg_catalog.text, NULL::pg_catalog.jsonb, NULL::pg_catalog.interval,
-                   now, now OPERATOR(pg_catalog.+) coalesce(ttl, '24 hours'::pg_catalog.interval));
+                   now, n.expires_at);
       END IF;
     ELSE
       r := seen.r;
@@ -503,6 +520,17 @@ BEGIN
     USING ERRCODE = 'internal_error';
 END $$;
 
+-- The size and read-only checks of idem_complete and idem_fail, in the native order.
+CREATE FUNCTION idempotency._check_finish(size bigint, what text, function_name text)
+RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF size IS NOT NULL THEN
+    PERFORM idempotency._check_size(size, what);
+  END IF;
+  PERFORM idempotency._check_writable(function_name);
+END $$;
+
 CREATE FUNCTION idem_complete(scope text, key idem_key,
     response jsonb DEFAULT NULL, attempt integer DEFAULT NULL)
 RETURNS void
@@ -513,14 +541,13 @@ BEGIN
      OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 255 THEN
     PERFORM idempotency._check_identity(scope, key);
   END IF;
-  IF response IS NOT NULL
-     AND (pg_catalog.pg_column_size(response) OPERATOR(pg_catalog.>) 1048580
-          OR coalesce(pg_catalog.current_setting('idempotency.max_response_size', true), '')
-             OPERATOR(pg_catalog.<>) '') THEN
-    PERFORM idempotency._check_size(pg_catalog.pg_column_size(response) OPERATOR(pg_catalog.-) 4, 'response');
-  END IF;
-  IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
-    PERFORM idempotency._check_writable('idem_complete');
+  -- (One expression that reads the settings: see idem_claim.)
+  IF (response IS NOT NULL
+      AND (pg_catalog.pg_column_size(response) OPERATOR(pg_catalog.>) 1048580
+           OR coalesce(pg_catalog.current_setting('idempotency.max_response_size', true), '')
+              OPERATOR(pg_catalog.<>) ''))
+     OR pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
+    PERFORM idempotency._check_finish(pg_catalog.pg_column_size(response) OPERATOR(pg_catalog.-) 4, 'response', 'idem_complete');
   END IF;
   -- This transaction's own claim: no other transaction can see it or wait for it.
   UPDATE idempotency.keys k SET xact = pg_catalog.pg_current_xact_id(), state = 'c',
@@ -544,14 +571,13 @@ BEGIN
      OR pg_catalog.octet_length(scope) OPERATOR(pg_catalog.>) 255 THEN
     PERFORM idempotency._check_identity(scope, key);
   END IF;
-  IF error IS NOT NULL
-     AND (pg_catalog.pg_column_size(error) OPERATOR(pg_catalog.>) 1048580
-          OR coalesce(pg_catalog.current_setting('idempotency.max_response_size', true), '')
-             OPERATOR(pg_catalog.<>) '') THEN
-    PERFORM idempotency._check_size(pg_catalog.pg_column_size(error) OPERATOR(pg_catalog.-) 4, 'error');
-  END IF;
-  IF pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
-    PERFORM idempotency._check_writable('idem_fail');
+  -- (One expression that reads the settings: see idem_claim.)
+  IF (error IS NOT NULL
+      AND (pg_catalog.pg_column_size(error) OPERATOR(pg_catalog.>) 1048580
+           OR coalesce(pg_catalog.current_setting('idempotency.max_response_size', true), '')
+              OPERATOR(pg_catalog.<>) ''))
+     OR pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'on' THEN
+    PERFORM idempotency._check_finish(pg_catalog.pg_column_size(error) OPERATOR(pg_catalog.-) 4, 'error', 'idem_fail');
   END IF;
   -- This transaction's own claim: no other transaction can see it or wait for it.
   UPDATE idempotency.keys k SET xact = pg_catalog.pg_current_xact_id(), state = 'f',
