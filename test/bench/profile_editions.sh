@@ -32,12 +32,16 @@ make -s sql-only >/dev/null
 
 work=$(mktemp -d /tmp/idempotency-profile-editions-work.XXXXXX)
 chmod 755 "$work"
-trap 'stop_cluster "$work/native"; stop_cluster "$work/sql"; rm -rf "$work"' EXIT
+postmasters=()
+# A postmaster under valgrind can outlast pg_ctl's wait: whatever is left is killed.
+trap 'stop_cluster "$work/native"; stop_cluster "$work/sql"
+      for pid in "${postmasters[@]}"; do pkill -KILL -P "$pid" 2>/dev/null; kill -KILL "$pid" 2>/dev/null; done
+      rm -rf "$work"' EXIT
 mkdir -p "$work/cg" && chown postgres "$work/cg"
 cp test/bench/setup.sql test/bench/peers/setup-sql.sql dist/idempotency-sql--1.5.sql "$work/"
 chmod 644 "$work"/*.sql
 
-# start NAME PRELOAD: a postmaster under callgrind; sets port_NAME.
+# start NAME PRELOAD: a postmaster under callgrind; sets started_port.
 start() {
   local name=$1 preload=$2 port
   port=$(free_port)
@@ -47,11 +51,14 @@ start() {
     --toggle-collect=exec_simple_query --zero-before=pg_sleep \
     --callgrind-out-file="$work/cg/callgrind.%p" \
     "$PG_BIN/postgres" -D "$work/$name/data" >"$work/$name/server.log" 2>&1 &
+  postmasters+=("$!")
   until runuser -u postgres -- "$PG_BIN/pg_isready" -q -h 127.0.0.1 -p "$port"; do sleep 1; done
-  printf -v "port_$name" %s "$port"
+  started_port=$port
 }
 start native idempotency
+port_native=$started_port
 start sql ''
+port_sql=$started_port
 psql_() { local port=$1; shift; runuser -u postgres -- "$PG_BIN/psql" -X -q -h 127.0.0.1 -p "$port" -v ON_ERROR_STOP=1 "$@"; }
 
 psql_ "$port_native" -d postgres -f "$work/setup.sql"
