@@ -165,11 +165,39 @@ END $$;
 -- with idem_once's grants through the same function.
 ------------------------------------------------------------------------------
 
+-- Records `initial` (NULL: none) as the extension's initial privileges on the function
+-- `target`, whatever GRANT or REVOKE this script ran on it. A GRANT in an extension
+-- script is recorded in pg_init_privs, and pg_dump writes only what differs from
+-- there: grants this script gives as the database's, not the extension's, would be
+-- lost by a restore into a fresh install. PostgreSQL 17 and later also record the
+-- roles named there in pg_shdepend (deptype 'i'): only those of `initial` stay.
+CREATE FUNCTION idempotency.record_initial_privileges(target regprocedure, initial aclitem[])
+RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF initial IS NULL THEN
+    DELETE FROM pg_init_privs i
+    WHERE i.classoid = 'pg_proc'::regclass AND i.objoid = target AND i.objsubid = 0;
+  ELSIF EXISTS (SELECT FROM pg_init_privs i WHERE i.classoid = 'pg_proc'::regclass
+                AND i.objoid = target AND i.objsubid = 0) THEN
+    UPDATE pg_init_privs i SET initprivs = initial
+    WHERE i.classoid = 'pg_proc'::regclass AND i.objoid = target AND i.objsubid = 0;
+  ELSE
+    INSERT INTO pg_init_privs (objoid, classoid, objsubid, privtype, initprivs)
+    VALUES (target, 'pg_proc'::regclass, 0, 'e', initial);
+  END IF;
+  DELETE FROM pg_shdepend d
+  WHERE d.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
+    AND d.classid = 'pg_proc'::regclass AND d.objid = target AND d.objsubid = 0
+    AND d.deptype = 'i'
+    AND (initial IS NULL OR NOT EXISTS (SELECT FROM aclexplode(initial) a
+                                        WHERE d.refobjid IN (a.grantee, a.grantor)));
+END $$;
+REVOKE ALL ON FUNCTION idempotency.record_initial_privileges(regprocedure, aclitem[]) FROM PUBLIC;
+
 -- Gives `target` exactly the EXECUTE grants idem_once has (grantees and grant options;
--- made by the owner), and nothing else. They are the database's grants, not the
--- extension's initial ones: a GRANT in an extension script is recorded in pg_init_privs,
--- and pg_dump writes only what differs from there, so a restore (into a fresh install,
--- where idem_once_many is PUBLIC's) would lose them. The record is put back as it was.
+-- made by the owner), and nothing else: the database's grants, so the extension's
+-- initial privileges on `target` are put back as they were.
 CREATE FUNCTION idempotency.grant_like_idem_once(target regprocedure) RETURNS void
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -193,21 +221,7 @@ BEGIN
            ELSE quote_ident(grant_entry.grantee::regrole::text) END,
       CASE WHEN grant_entry.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
   END LOOP;
-  -- PostgreSQL 17 and later also record the roles named in pg_init_privs in
-  -- pg_shdepend (deptype 'i'): only those of the initial grants put back stay.
-  IF initial IS NULL THEN
-    DELETE FROM pg_init_privs i
-    WHERE i.classoid = 'pg_proc'::regclass AND i.objoid = target AND i.objsubid = 0;
-  ELSE
-    UPDATE pg_init_privs i SET initprivs = initial
-    WHERE i.classoid = 'pg_proc'::regclass AND i.objoid = target AND i.objsubid = 0;
-  END IF;
-  DELETE FROM pg_shdepend d
-  WHERE d.dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-    AND d.classid = 'pg_proc'::regclass AND d.objid = target AND d.objsubid = 0
-    AND d.deptype = 'i'
-    AND (initial IS NULL OR NOT EXISTS (SELECT FROM aclexplode(initial) a
-                                        WHERE d.refobjid IN (a.grantee, a.grantor)));
+  PERFORM idempotency.record_initial_privileges(target, initial);
 END $$;
 REVOKE ALL ON FUNCTION idempotency.grant_like_idem_once(regprocedure) FROM PUBLIC;
 
@@ -235,6 +249,38 @@ BEGIN
   IF NOT once_default AND many_default THEN
     PERFORM idempotency.grant_like_idem_once(many);
   END IF;
+END $$;
+
+-- Grants carried over by the released updates, recorded as the extension's. 1.2 -> 1.3
+-- and 1.2 -> 1.4 made the key functions again with a route argument, 1.3 -> 1.4 (and
+-- 1.2 -> 1.4) idem_emit and idem_apply_version, and granted each new function what the
+-- old one had, in the script: pg_init_privs took the database's grants for the
+-- extension's, and pg_dump, writing only what differs from there, wrote none of them.
+-- Restored into a fresh install, a function revoked from PUBLIC was PUBLIC's again,
+-- and a role granted idem_emit lost it. Each gets a fresh install's record (none, or
+-- the owner's and pg_monitor's grants the install scripts make); the grants themselves
+-- stay as they are.
+DO $$
+DECLARE
+  f record;
+BEGIN
+  FOR f IN
+    SELECT p.oid::pg_catalog.regprocedure AS signature, p.proname, p.proowner
+    FROM pg_catalog.pg_proc p
+    JOIN pg_catalog.pg_depend d
+      ON d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND d.objid = p.oid AND d.deptype = 'e'
+     AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e WHERE e.extname = 'idempotency')
+    WHERE p.proname IN ('idem_claim', 'idem_complete', 'idem_fail', 'idem_release',
+                        'idem_checkpoint', 'idem_once', 'idem_forget', 'idem_lookup',
+                        'idem_abandoned', 'idem_stats', 'idem_emit', 'idem_apply_version')
+  LOOP
+    PERFORM idempotency.record_initial_privileges(f.signature, CASE f.proname
+      WHEN 'idem_stats' THEN ARRAY[pg_catalog.makeaclitem(f.proowner, f.proowner, 'EXECUTE', false),
+                                   pg_catalog.makeaclitem('pg_monitor'::pg_catalog.regrole, f.proowner,
+                                                          'EXECUTE', false)]
+      WHEN 'idem_emit' THEN ARRAY[pg_catalog.makeaclitem(f.proowner, f.proowner, 'EXECUTE', false)]
+      END);
+  END LOOP;
 END $$;
 
 ------------------------------------------------------------------------------

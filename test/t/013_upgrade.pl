@@ -12,7 +12,9 @@
 # Updates from 1.3 and 1.4 where idem_claim and idem_once were restricted leave every
 # function that adds keys (idem_once_many too) refused to the roles refused before, in
 # the database and in a dump of it restored, and leave alone an idem_once_many granted
-# otherwise on purpose (issue 41).
+# otherwise on purpose (issue 41). The grants the released updates carried over (1.2's
+# to the key functions, 1.3's to idem_emit and idem_apply_version) survive a dump
+# restored into a fresh install too.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -81,7 +83,8 @@ is($node->safe_psql('fresh', q{
 	'every version reaches 1.5, from 1.2 by the direct path to 1.4');
 
 # Every object of the extension, described without OIDs: members, columns, indexes,
-# constraints, privileges and function definitions.
+# constraints, privileges (the extension's initial ones too: pg_dump writes what differs
+# from those) and function definitions.
 my $catalog = q{
   SELECT string_agg(line, E'\n' ORDER BY line) FROM (
     SELECT 'member ' || pg_describe_object(classid, objid, objsubid) AS line
@@ -109,6 +112,12 @@ my $catalog = q{
                   md5(pg_get_functiondef(p.oid)))
     FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass
     WHERE d.deptype = 'e' AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
+    UNION ALL
+    SELECT format('initial privileges %s %s', i.objoid::regprocedure,
+                  (SELECT array_agg(a::text ORDER BY a::text) FROM unnest(i.initprivs) a))
+    FROM pg_init_privs i JOIN pg_depend d ON d.objid = i.objoid AND d.classid = 'pg_proc'::regclass
+    WHERE i.classoid = 'pg_proc'::regclass AND d.deptype = 'e'
+      AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
     UNION ALL
     SELECT format('config %s %s', c.relname, e.extcondition)
     FROM pg_extension e, unnest(e.extconfig) AS cfg(oid) JOIN pg_class c ON c.oid = cfg.oid
@@ -343,15 +352,16 @@ is($node->safe_psql('from12', $grants), $grants_before,
 	'the extension\'s functions made again keep exactly their grants, and the other '
 	  . 'functions of those names keep exactly theirs');
 my $claim = 'idem_claim(text,idem_key,bytea,interval,interval,interval,"any")';
-is($node->safe_psql('from12', qq{
+my $privileges_12 = qq{
   SELECT string_agg(r || ':' || has_function_privilege(r, '$claim', 'EXECUTE')
                     || ':' || has_function_privilege(r, '$claim', 'EXECUTE WITH GRANT OPTION')
                     || ':' || has_function_privilege(r, 'idem_stats(boolean)', 'EXECUTE')
                     || ':' || has_function_privilege(r, 'public.idem_claim(integer)', 'EXECUTE'),
                     ' ' ORDER BY r)
-  FROM unnest(ARRAY['upgrade_claimer', 'upgrade_monitor', 'upgrade_outsider', 'Upgrade Auditor']) r}),
-	'Upgrade Auditor:true:false:false:false upgrade_claimer:true:true:false:false '
-	  . 'upgrade_monitor:false:false:true:false upgrade_outsider:false:false:false:true',
+  FROM unnest(ARRAY['upgrade_claimer', 'upgrade_monitor', 'upgrade_outsider', 'Upgrade Auditor']) r};
+my $privileges_12_expected = 'Upgrade Auditor:true:false:false:false upgrade_claimer:true:true:false:false '
+	  . 'upgrade_monitor:false:false:true:false upgrade_outsider:false:false:false:true';
+is($node->safe_psql('from12', $privileges_12), $privileges_12_expected,
 	'the grants and revokes of 1.2 hold for the functions 1.3 made again, and for the wrapper');
 ($status, $out, $err) = $node->psql('from12', q{SELECT idem_claim('pay', 'outsider')},
 	extra_params => [ '-U', 'upgrade_outsider', '-v', 'VERBOSITY=verbose' ]);
@@ -360,6 +370,12 @@ like($err, qr/42501.*permission denied for function idem_claim/s,
 is($node->safe_psql('from12', q{
   SELECT outcome || ' ' || response FROM idem_claim('pay', 'done-12', idem_fingerprint('{"amount": 12}'::jsonb))}),
 	'replay {"payment_id": 12}', 'a key stored under 1.2 replays');
+# They are the database's grants: a dump restored into a fresh install keeps them
+# (1.2 -> 1.4 granted them in its script, which recorded them as the extension's own,
+# so pg_dump wrote none of them and the restore gave idem_claim back to PUBLIC).
+dump_and_restore('from12', 'restored12');
+is($node->safe_psql('restored12', $privileges_12), $privileges_12_expected,
+	'restored into a fresh install, the grants and revokes of 1.2 hold as in the updated database');
 $node->safe_psql('from12', qq{
   GRANT EXECUTE ON FUNCTION $claim TO PUBLIC;
   REVOKE ALL ON FUNCTION $claim FROM upgrade_claimer CASCADE;
@@ -459,6 +475,11 @@ is($node->safe_psql('from13_grants', q{
   FROM pg_proc p WHERE p.proname IN ('idem_emit', 'idem_apply_version')}),
 	'idem_apply_version(text,text,bigint,interval,"any") owner idem_emit(text,jsonb,text,jsonb,idem_key,"any") producer13:true',
 	'1.3 -> 1.4: the grants of idem_emit and idem_apply_version are carried to their new signatures');
+dump_and_restore('from13_grants', 'restored13');
+is($node->safe_psql('restored13', q{
+  SELECT has_function_privilege('producer13', 'idem_emit(text,jsonb,text,jsonb,idem_key,"any")', 'EXECUTE WITH GRANT OPTION')
+         || ' ' || has_function_privilege('public', 'idem_apply_version(text,text,bigint,interval,"any")', 'EXECUTE')}),
+	'true false', 'restored into a fresh install, idem_emit is still granted and idem_apply_version still revoked');
 
 
 # Who may add keys (issue 41): 1.3 -> 1.4 made idem_once_many with PUBLIC's grant even
@@ -561,12 +582,7 @@ is($node->safe_psql('from14_restricted', q{
   SELECT count(*) FROM pg_init_privs WHERE classoid = 'pg_proc'::regclass
     AND objoid = 'idem_once_many(text,idem_key[],interval,interval,"any")'::regprocedure}),
 	'0', 'the update records no initial privileges for idem_once_many, as a fresh install');
-my $dump_file = $node->basedir . '/from14_restricted.sql';
-$node->command_ok([ 'pg_dump', '-f', $dump_file, '-d', $node->connstr('from14_restricted') ],
-	'pg_dump of the updated database');
-$node->safe_psql('postgres', 'CREATE DATABASE restored14');
-$node->command_ok([ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-f', $dump_file,
-	'-d', $node->connstr('restored14') ], 'restored into a fresh install of 1.5');
+dump_and_restore('from14_restricted', 'restored14');
 is(add_keys_as('restored14', 'upgrade_stranger', @key_functions), $refused,
 	'after the restore, the role is still refused by every function that adds keys');
 
@@ -595,6 +611,18 @@ is($node->safe_psql('from14_deliberate', $deliberate), $deliberate_before,
 	'the update leaves a deliberately granted idem_once_many exactly as it was');
 is(add_keys_as('from14_deliberate', 'upgrade_batch', 'idem_once_many'), 'idem_once_many:ok',
 	'and the batch role still calls it');
+
+# pg_dump of database `from` restored into a new database `to`, where CREATE EXTENSION
+# makes a fresh install of 1.5.
+sub dump_and_restore {
+	my ($from, $to) = @_;
+	my $dump_file = $node->basedir . "/$from.sql";
+	$node->command_ok([ 'pg_dump', '-f', $dump_file, '-d', $node->connstr($from) ],
+		"pg_dump of $from");
+	$node->safe_psql('postgres', "CREATE DATABASE $to");
+	$node->command_ok([ 'psql', '-X', '-q', '-v', 'ON_ERROR_STOP=1', '-f', $dump_file,
+		'-d', $node->connstr($to) ], "$from restored into a fresh install of 1.5");
+}
 
 $node->stop;
 done_testing();
