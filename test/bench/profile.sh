@@ -66,32 +66,8 @@ psql_ -c "INSERT INTO floor_keys SELECT 'payments', 'replay-' || g, '\\x'::bytea
       -c "INSERT INTO floor_ttl_keys SELECT * FROM floor_keys" \
       -c "VACUUM ANALYZE" -c "CHECKPOINT"
 
-# scenario NAME FILE: runs the session FILE and prints the instructions it counted
-# after its pg_sleep(0); keeps the profile and its listings in $OUT.
-scenario() {
-  local name=$1 file=$2 pid out
-  chmod 644 "$file"
-  psql_ -At -f "$file" >"$work/session.out"  # whole: a pipe closed early would stop psql
-  pid=$(head -1 "$work/session.out")
-  out=$work/cg/callgrind.$pid
-  # The backend writes its profile as it exits.
-  until [ -f "$out" ] && grep -q '^totals:' "$out"; do sleep 0.5; done
-  cp "$out" "$OUT/$name.callgrind"
-  callgrind_annotate --inclusive=yes "$out" >"$OUT/$name.inclusive.txt" 2>/dev/null
-  callgrind_annotate "$out" >"$OUT/$name.exclusive.txt" 2>/dev/null
-  awk '/^totals:/ { print $2 }' "$out"
-}
-
-# A session of `count` calls of `procedure` with keys of `key` (an SQL expression):
-# 50 warm-up calls, the marker, then the calls measured.
-calls_session() {
-  local procedure=$1 key=$2 count=$3 i
-  echo "SELECT pg_backend_pid();"
-  echo "SET synchronous_commit = off;"
-  for i in $(seq 50); do echo "CALL $procedure($key, $((i * 7919 % 1000000 + 1)), 10);"; done
-  echo "SELECT pg_sleep(0);"
-  for i in $(seq "$count"); do echo "CALL $procedure($key, $(((i * 104729 + 50) % 1000000 + 1)), 10);"; done
-}
+. test/bench/callgrind_lib.sh
+scenario() { callgrind_session "$1" "$2" psql_; }  # NAME FILE
 
 once_session() {  # idem_once over $KEYS keys in one statement; $1 = a tag for the keys
   echo "SELECT pg_backend_pid();"
@@ -157,8 +133,7 @@ if [ "${ONLY:-}" = claims ]; then
   calls_session create_payment "gen_random_uuid()::idem_key" "$CALLS" >"$work/ext_new.sql"
   ir[ext_new]=$(scenario ext_new "$work/ext_new.sql")
   # Replays of one completed key (setup.sql's, made for account 42).
-  calls_session create_payment "'replay-42'::idem_key" "$CALLS" |
-    sed -E "s/^(CALL create_payment\('replay-42'::idem_key), [0-9]+, 10\);/\1, 42, 10);/" >"$work/ext_replay.sql"
+  calls_session create_payment "'replay-42'::idem_key" "$CALLS" 42 >"$work/ext_replay.sql"
   ir[ext_replay]=$(scenario ext_replay "$work/ext_replay.sql")
   for name in ext_new ext_replay; do
     echo "$name: $(awk -v t="${ir[$name]}" -v n="$CALLS" 'BEGIN { printf "%.0f", t / n }') instructions per call"
@@ -171,7 +146,7 @@ once_floor_session 1 >"$work/once_floor.sql"
 ir[once_floor]=$(scenario once_floor "$work/once_floor.sql")
 once_floor_ttl_session 1 >"$work/once_floor_ttl.sql"
 ir[once_floor_ttl]=$(scenario once_floor_ttl "$work/once_floor_ttl.sql")
-calls_session bare_payment "" "$CALLS" | sed 's/(, /(/' >"$work/bare.sql"
+calls_session bare_payment "" "$CALLS" >"$work/bare.sql"
 ir[bare]=$(scenario bare "$work/bare.sql")
 calls_session floor_payment "gen_random_uuid()::text" "$CALLS" >"$work/floor.sql"
 ir[floor]=$(scenario floor "$work/floor.sql")

@@ -35,7 +35,7 @@ chmod 755 "$work"
 postmasters=()
 # A postmaster under valgrind can outlast pg_ctl's wait: whatever is left is killed.
 trap 'stop_cluster "$work/native"; stop_cluster "$work/sql"
-      for pid in "${postmasters[@]}"; do pkill -KILL -P "$pid" 2>/dev/null; kill -KILL "$pid" 2>/dev/null; done
+      for pid in "${postmasters[@]}"; do pkill -KILL -P "$pid" 2>/dev/null || true; kill -KILL "$pid" 2>/dev/null || true; done
       rm -rf "$work"' EXIT
 mkdir -p "$work/cg" && chown postgres "$work/cg"
 cp test/bench/setup.sql test/bench/peers/setup-sql.sql dist/idempotency-sql--1.5.sql "$work/"
@@ -62,7 +62,15 @@ port_sql=$started_port
 psql_() { local port=$1; shift; runuser -u postgres -- "$PG_BIN/psql" -X -q -h 127.0.0.1 -p "$port" -v ON_ERROR_STOP=1 "$@"; }
 
 psql_ "$port_native" -d postgres -f "$work/setup.sql"
-psql_ "$port_native" -d postgres -c "VACUUM ANALYZE" -c "CHECKPOINT"
+# The hand-written table as large as the stores (100,000 keys), so that its primary key
+# is as deep and its statements are planned for a table of that size: left empty, its
+# completion (a SQL function, whose plan 18 caches) scans the table once the plan is
+# made for an empty one, and costs more with every call.
+psql_ "$port_native" -d postgres \
+  -c "INSERT INTO plpgsql_keys(scope, key, fingerprint, state, response, expires_at)
+        SELECT 'payments', 'fill-' || g, '\\x'::bytea, 'completed', '{}', now() + interval '1 day'
+        FROM generate_series(1, 100000) g" \
+  -c "VACUUM ANALYZE" -c "CHECKPOINT"
 psql_ "$port_sql" -d postgres -c "CREATE ROLE bench_owner LOGIN" -c "CREATE ROLE bench_app LOGIN" \
   -c "CREATE DATABASE bench_sql OWNER bench_owner"
 psql_ "$port_sql" -U bench_owner -d bench_sql -f "$work/idempotency-sql--1.5.sql" >/dev/null 2>&1
@@ -74,43 +82,23 @@ psql_ "$port_sql" -U bench_app -d bench_sql \
   -c "CALL create_payment('replay-42', 42, 10)" >/dev/null
 psql_ "$port_sql" -d bench_sql -c "VACUUM ANALYZE" -c "CHECKPOINT"
 
-# scenario NAME PORT DB USER FILE: the instructions the session counted.
+. test/bench/callgrind_lib.sh
+# scenario NAME PORT DB USER FILE: the instructions per call the session counted.
 scenario() {
-  local name=$1 port=$2 db=$3 user=$4 file=$5 pid out
-  chmod 644 "$file"
-  psql_ "$port" -U "$user" -d "$db" -At -f "$file" >"$work/session.out"
-  pid=$(head -1 "$work/session.out")
-  out=$work/cg/callgrind.$pid
-  until [ -f "$out" ] && grep -q '^totals:' "$out"; do sleep 0.5; done
-  cp "$out" "$OUT/$name.callgrind"
-  callgrind_annotate --inclusive=yes "$out" >"$OUT/$name.inclusive.txt" 2>/dev/null
-  callgrind_annotate "$out" >"$OUT/$name.exclusive.txt" 2>/dev/null
-  awk -v n="$CALLS" '/^totals:/ { printf "%.0f", $2 / n }' "$out"
-}
-session() {  # procedure key-expression [replay]
-  local i account
-  echo "SELECT pg_backend_pid();"
-  echo "SET synchronous_commit = off;"
-  for i in $(seq 50); do
-    account=$((i * 7919 % 1000000 + 1)); [ -n "${3:-}" ] && account=42
-    echo "CALL $1($2, $account, 10);"
-  done
-  echo "SELECT pg_sleep(0);"
-  for i in $(seq "$CALLS"); do
-    account=$(((i * 104729 + 50) % 1000000 + 1)); [ -n "${3:-}" ] && account=42
-    echo "CALL $1($2, $account, 10);"
-  done
+  local total
+  total=$(callgrind_session "$1" "$5" psql_ "$2" -U "$4" -d "$3")
+  awk -v t="$total" -v n="$CALLS" 'BEGIN { printf "%.0f", t / n }'
 }
 declare -A ir
-session create_payment "gen_random_uuid()::idem_key" >"$work/native_new.sql"
+calls_session create_payment "gen_random_uuid()::idem_key" "$CALLS" >"$work/native_new.sql"
 ir[native_new]=$(scenario native_new "$port_native" postgres postgres "$work/native_new.sql")
-session create_payment "'replay-42'::idem_key" replay >"$work/native_replay.sql"
+calls_session create_payment "'replay-42'::idem_key" "$CALLS" 42 >"$work/native_replay.sql"
 ir[native_replay]=$(scenario native_replay "$port_native" postgres postgres "$work/native_replay.sql")
-session plpgsql_payment "gen_random_uuid()::text" >"$work/table_new.sql"
+calls_session plpgsql_payment "gen_random_uuid()::text" "$CALLS" >"$work/table_new.sql"
 ir[table_new]=$(scenario table_new "$port_native" postgres postgres "$work/table_new.sql")
-session create_payment "gen_random_uuid()::text" >"$work/sql_new.sql"
+calls_session create_payment "gen_random_uuid()::text" "$CALLS" >"$work/sql_new.sql"
 ir[sql_new]=$(scenario sql_new "$port_sql" bench_sql bench_app "$work/sql_new.sql")
-session create_payment "'replay-42'" replay >"$work/sql_replay.sql"
+calls_session create_payment "'replay-42'" "$CALLS" 42 >"$work/sql_replay.sql"
 ir[sql_replay]=$(scenario sql_replay "$port_sql" bench_sql bench_app "$work/sql_replay.sql")
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
