@@ -251,11 +251,12 @@ BEGIN
   END IF;
 END $$;
 
--- Grants carried over by the released updates, recorded as the extension's. 1.2 -> 1.3
--- and 1.2 -> 1.4 made the key functions again with a route argument, 1.3 -> 1.4 (and
--- 1.2 -> 1.4) idem_emit and idem_apply_version, and granted each new function what the
--- old one had, in the script: pg_init_privs took the database's grants for the
--- extension's, and pg_dump, writing only what differs from there, wrote none of them.
+-- Grants carried over by the updates, recorded as the extension's. 1.2 -> 1.3 and
+-- 1.2 -> 1.4 made the key functions again with a route argument, 1.3 -> 1.4 (and
+-- 1.2 -> 1.4) idem_emit and idem_apply_version, this script idem_stats and
+-- idem_node_stats (above), and each granted the new function what the old one had, in
+-- the script: pg_init_privs took the database's grants for the extension's, and
+-- pg_dump, writing only what differs from there, wrote none of them.
 -- Restored into a fresh install, a function revoked from PUBLIC was PUBLIC's again,
 -- and a role granted idem_emit lost it. Each gets a fresh install's record (none, or
 -- the owner's and pg_monitor's grants the install scripts make); the grants themselves
@@ -272,13 +273,15 @@ BEGIN
      AND d.refobjid = (SELECT e.oid FROM pg_catalog.pg_extension e WHERE e.extname = 'idempotency')
     WHERE p.proname IN ('idem_claim', 'idem_complete', 'idem_fail', 'idem_release',
                         'idem_checkpoint', 'idem_once', 'idem_forget', 'idem_lookup',
-                        'idem_abandoned', 'idem_stats', 'idem_emit', 'idem_apply_version')
+                        'idem_abandoned', 'idem_stats', 'idem_node_stats', 'idem_emit',
+                        'idem_apply_version')
   LOOP
-    PERFORM idempotency.record_initial_privileges(f.signature, CASE f.proname
-      WHEN 'idem_stats' THEN ARRAY[pg_catalog.makeaclitem(f.proowner, f.proowner, 'EXECUTE', false),
-                                   pg_catalog.makeaclitem('pg_monitor'::pg_catalog.regrole, f.proowner,
-                                                          'EXECUTE', false)]
-      WHEN 'idem_emit' THEN ARRAY[pg_catalog.makeaclitem(f.proowner, f.proowner, 'EXECUTE', false)]
+    PERFORM idempotency.record_initial_privileges(f.signature, CASE
+      WHEN f.proname IN ('idem_stats', 'idem_node_stats') THEN
+        ARRAY[pg_catalog.makeaclitem(f.proowner, f.proowner, 'EXECUTE', false),
+              pg_catalog.makeaclitem('pg_monitor'::pg_catalog.regrole, f.proowner, 'EXECUTE', false)]
+      WHEN f.proname = 'idem_emit' THEN
+        ARRAY[pg_catalog.makeaclitem(f.proowner, f.proowner, 'EXECUTE', false)]
       END);
   END LOOP;
 END $$;

@@ -466,7 +466,8 @@ $node->safe_psql('from13_grants', q{
   CREATE EXTENSION idempotency VERSION '1.3';
   CREATE ROLE producer13;
   GRANT EXECUTE ON FUNCTION idem_emit(text, jsonb, text, jsonb, idem_key) TO producer13 WITH GRANT OPTION;
-  REVOKE EXECUTE ON FUNCTION idem_apply_version(text, text, bigint, interval) FROM PUBLIC;});
+  REVOKE EXECUTE ON FUNCTION idem_apply_version(text, text, bigint, interval) FROM PUBLIC;
+  GRANT EXECUTE ON FUNCTION idem_node_stats() TO producer13;});
 $node->safe_psql('from13_grants', 'ALTER EXTENSION idempotency UPDATE');
 is($node->safe_psql('from13_grants', q{
   SELECT string_agg(p.oid::regprocedure || ' ' || CASE WHEN p.proacl IS NULL THEN 'PUBLIC' ELSE
@@ -478,8 +479,10 @@ is($node->safe_psql('from13_grants', q{
 dump_and_restore('from13_grants', 'restored13');
 is($node->safe_psql('restored13', q{
   SELECT has_function_privilege('producer13', 'idem_emit(text,jsonb,text,jsonb,idem_key,"any")', 'EXECUTE WITH GRANT OPTION')
-         || ' ' || has_function_privilege('public', 'idem_apply_version(text,text,bigint,interval,"any")', 'EXECUTE')}),
-	'true false', 'restored into a fresh install, idem_emit is still granted and idem_apply_version still revoked');
+         || ' ' || has_function_privilege('public', 'idem_apply_version(text,text,bigint,interval,"any")', 'EXECUTE')
+         || ' ' || has_function_privilege('producer13', 'idem_node_stats()', 'EXECUTE')}),
+	'true false true', 'restored into a fresh install, idem_emit and idem_node_stats are still granted and '
+	  . 'idem_apply_version still revoked');
 
 
 # Who may add keys (issue 41): 1.3 -> 1.4 made idem_once_many with PUBLIC's grant even
