@@ -807,52 +807,97 @@ BEGIN
   RETURN idempotency._once(scope, key, ttl, wait);
 END $$;
 
--- The batch's writes, in one subtransaction that waits (bounded): the absent keys
--- inserted completed (in key order, so that batches sharing keys lock them in one
--- order), and the expired, abandoned and stale ones taken over completed. Returns the
--- keys applied; timed_out when the wait ran out.
+-- The rows of a batch's keys, by the whole primary key. `key = ANY(keys)` is one index
+-- scan; PostgreSQL 15 and 16 may plan it, for a scope their statistics do not know yet
+-- (filled since the last ANALYZE), as a scan of all the scope's rows with the keys as a
+-- filter: 20,000 rows read for a batch of 100. There, each key is looked up by itself
+-- (OFFSET 0 keeps the subquery a subquery, run once per key); 17 and later always keep
+-- the array in the index condition. A SQL function with one query, inlined into its
+-- caller's.
+DO $$
+BEGIN
+  EXECUTE pg_catalog.format($f$
+    CREATE FUNCTION idempotency._batch_rows(me regrole, scope text, keys text[])
+    RETURNS TABLE (key text, state "char", xact xid8, xmax xid, expires_at timestamptz,
+                   lease_expires_at timestamptz)
+    LANGUAGE sql STABLE AS $b$ %s $b$ $f$,
+    CASE WHEN pg_catalog.current_setting('server_version_num')::integer >= 170000 THEN $q$
+      SELECT k.key, k.state, k.xact, k.xmax, k.expires_at, k.lease_expires_at
+      FROM idempotency.keys k
+      WHERE k.role OPERATOR(pg_catalog.=) _batch_rows.me
+        AND k.scope OPERATOR(pg_catalog.=) _batch_rows.scope
+        AND k.key OPERATOR(pg_catalog.=) ANY (_batch_rows.keys) $q$
+    ELSE $q$
+      SELECT k.key, k.state, k.xact, k.xmax, k.expires_at, k.lease_expires_at
+      FROM pg_catalog.unnest(_batch_rows.keys) AS b(key)
+      CROSS JOIN LATERAL (
+        SELECT k.key, k.state, k.xact, k.xmax, k.expires_at, k.lease_expires_at
+        FROM idempotency.keys k
+        WHERE k.role OPERATOR(pg_catalog.=) _batch_rows.me
+          AND k.scope OPERATOR(pg_catalog.=) _batch_rows.scope
+          AND k.key OPERATOR(pg_catalog.=) b.key
+        OFFSET 0) k $q$ END);
+END $$;
+
+-- The batch's writes: the absent keys inserted completed (in key order, so that batches
+-- sharing keys lock them in one order), and the expired, abandoned and stale ones taken
+-- over completed, one by one by their key. Returns the keys applied.
+CREATE FUNCTION idempotency._once_many_apply(me regrole, scope text, absent text[],
+    takeable text[], ttl interval, now timestamptz)
+RETURNS text[]
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
+DECLARE
+  cur xid8 := pg_current_xact_id();
+  applied text[];
+  one text;
+  taken text;
+BEGIN
+  IF cardinality(absent) > 0 THEN
+    WITH ins AS (
+      INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact,
+                                         scope, key, state)
+        SELECT me, 1, now, now + ttl, cur, _once_many_apply.scope, a.key, 'c'
+          FROM unnest(absent) AS a(key) ORDER BY a.key COLLATE "C"
+        ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING
+        RETURNING k.key)
+    SELECT array_agg(ins.key) INTO applied FROM ins;
+  END IF;
+  applied := coalesce(applied, '{}');
+  FOREACH one IN ARRAY takeable LOOP
+    UPDATE idempotency.keys k SET
+        attempt = CASE WHEN k.expires_at <= now THEN 1 ELSE k.attempt + 1 END,
+        first_claimed_at = CASE WHEN k.expires_at <= now THEN now ELSE k.first_claimed_at END,
+        expires_at = CASE WHEN k.expires_at <= now THEN now + ttl ELSE k.expires_at END,
+        fingerprint = CASE WHEN k.expires_at <= now THEN NULL ELSE k.fingerprint END,
+        checkpoint = CASE WHEN k.expires_at <= now THEN NULL ELSE k.checkpoint END,
+        checkpoint_data = CASE WHEN k.expires_at <= now THEN NULL ELSE k.checkpoint_data END,
+        xact = cur, lease = NULL, lease_expires_at = NULL, state = 'c', response = NULL
+      WHERE k.role = me AND k.scope = _once_many_apply.scope AND k.key = one
+        AND k.xact IS DISTINCT FROM cur
+        AND NOT (k.state = 'p' AND k.lease_expires_at > now)
+        AND (k.state IN ('a', 'p') OR k.expires_at <= now)
+      RETURNING k.key INTO taken;
+    IF FOUND THEN
+      applied := applied || taken;
+    END IF;
+  END LOOP;
+  RETURN applied;
+END $$;
+
+-- idempotency._once_many_apply in one subtransaction that waits (bounded) for another
+-- transaction writing one of the keys. Returns the keys applied; timed_out when the
+-- wait ran out.
 CREATE FUNCTION idempotency._once_many_write(me regrole, scope text, absent text[],
     takeable text[], ttl interval, now timestamptz, remaining_ms bigint,
     OUT applied text[], OUT timed_out boolean)
-LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   timeout text := idempotency._lock_timeout(remaining_ms);
   own text;
-  cur xid8;
-  inserted text[];
-  taken text[];
 BEGIN
   timed_out := false;
   IF NOT idempotency._take_subtransaction() THEN
-    cur := pg_current_xact_id();
-    IF cardinality(absent) > 0 THEN
-      WITH ins AS (
-        INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact,
-                                           scope, key, state)
-          SELECT me, 1, now, now + ttl, cur, _once_many_write.scope, a.key, 'c'
-            FROM unnest(absent) AS a(key) ORDER BY a.key COLLATE "C"
-          ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING
-          RETURNING k.key)
-      SELECT array_agg(ins.key) INTO inserted FROM ins;
-    END IF;
-    IF cardinality(takeable) > 0 THEN
-      WITH upd AS (
-        UPDATE idempotency.keys k SET
-            attempt = CASE WHEN k.expires_at <= now THEN 1 ELSE k.attempt + 1 END,
-            first_claimed_at = CASE WHEN k.expires_at <= now THEN now ELSE k.first_claimed_at END,
-            expires_at = CASE WHEN k.expires_at <= now THEN now + ttl ELSE k.expires_at END,
-            fingerprint = CASE WHEN k.expires_at <= now THEN NULL ELSE k.fingerprint END,
-            checkpoint = CASE WHEN k.expires_at <= now THEN NULL ELSE k.checkpoint END,
-            checkpoint_data = CASE WHEN k.expires_at <= now THEN NULL ELSE k.checkpoint_data END,
-            xact = cur, lease = NULL, lease_expires_at = NULL, state = 'c', response = NULL
-          WHERE k.role = me AND k.scope = _once_many_write.scope AND k.key = ANY(takeable)
-            AND k.xact IS DISTINCT FROM cur
-            AND NOT (k.state = 'p' AND k.lease_expires_at > now)
-            AND (k.state IN ('a', 'p') OR k.expires_at <= now)
-          RETURNING k.key)
-      SELECT array_agg(upd.key) INTO taken FROM upd;
-    END IF;
-    applied := coalesce(inserted, '{}') || coalesce(taken, '{}');
+    applied := idempotency._once_many_apply(me, scope, absent, takeable, ttl, now);
     RETURN;
   END IF;
   BEGIN
@@ -860,34 +905,7 @@ BEGIN
       own := current_setting('lock_timeout');
       PERFORM set_config('lock_timeout', timeout, true);
     END IF;
-    cur := pg_current_xact_id();
-    IF cardinality(absent) > 0 THEN
-      WITH ins AS (
-        INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact,
-                                           scope, key, state)
-          SELECT me, 1, now, now + ttl, cur, _once_many_write.scope, a.key, 'c'
-            FROM unnest(absent) AS a(key) ORDER BY a.key COLLATE "C"
-          ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING
-          RETURNING k.key)
-      SELECT array_agg(ins.key) INTO inserted FROM ins;
-    END IF;
-    IF cardinality(takeable) > 0 THEN
-      WITH upd AS (
-        UPDATE idempotency.keys k SET
-            attempt = CASE WHEN k.expires_at <= now THEN 1 ELSE k.attempt + 1 END,
-            first_claimed_at = CASE WHEN k.expires_at <= now THEN now ELSE k.first_claimed_at END,
-            expires_at = CASE WHEN k.expires_at <= now THEN now + ttl ELSE k.expires_at END,
-            fingerprint = CASE WHEN k.expires_at <= now THEN NULL ELSE k.fingerprint END,
-            checkpoint = CASE WHEN k.expires_at <= now THEN NULL ELSE k.checkpoint END,
-            checkpoint_data = CASE WHEN k.expires_at <= now THEN NULL ELSE k.checkpoint_data END,
-            xact = cur, lease = NULL, lease_expires_at = NULL, state = 'c', response = NULL
-          WHERE k.role = me AND k.scope = _once_many_write.scope AND k.key = ANY(takeable)
-            AND k.xact IS DISTINCT FROM cur
-            AND NOT (k.state = 'p' AND k.lease_expires_at > now)
-            AND (k.state IN ('a', 'p') OR k.expires_at <= now)
-          RETURNING k.key)
-      SELECT array_agg(upd.key) INTO taken FROM upd;
-    END IF;
+    applied := idempotency._once_many_apply(me, scope, absent, takeable, ttl, now);
     IF timeout IS NOT NULL THEN
       PERFORM set_config('lock_timeout', own, true);
     END IF;
@@ -897,7 +915,6 @@ BEGIN
     END IF;
     timed_out := true;
   END;
-  applied := coalesce(inserted, '{}') || coalesce(taken, '{}');
 END $$;
 
 CREATE FUNCTION idem_once_many(scope text, keys idem_key[],
@@ -968,8 +985,7 @@ BEGIN
                         WHEN k.state IN ('c', 'f') THEN 'done'
                         WHEN k.state = 'p' AND k.lease_expires_at > now THEN 'leased'
                         ELSE 'take' END AS verdict
-              FROM idempotency.keys k
-              WHERE k.role = me AND k.scope = idem_once_many.scope AND k.key = ANY(pending)) c;
+              FROM idempotency._batch_rows(me, scope, pending) k) c;
     IF looked.leased IS NOT NULL THEN
       PERFORM idempotency._raise_in_progress(scope, looked.leased);
     END IF;
