@@ -525,7 +525,10 @@ END $$;
 -- then are left as they are, and a relay will have them again).
 -- `how`: 'ack', 'dead' or 'retry'; `ids` NULL (retry only): every dead letter.
 -- (enable_seqscan off: PL/pgSQL keeps a generic plan, and one made while the outbox was
--- small would read the whole outbox, not the listed rows, once it is large.)
+-- small would read the whole outbox, not the listed rows, once it is large. The state
+-- compared as text, as in idem_outbox_claim: `state = 'p'` is the pending index's
+-- predicate, and a plan made while the statistics counted few pending events, before a
+-- backlog, read all of them for every ack.)
 CREATE FUNCTION idempotency._settle(how text, relay text, ids text[], reason text)
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
@@ -559,16 +562,16 @@ BEGIN
     WHERE o.ctid = ANY (ARRAY(
       SELECT f.ctid FROM idempotency.outbox f
       WHERE f.event_id = ANY (ids)
-        AND CASE WHEN how = 'retry' THEN f.state = 'x'
-                 ELSE f.state = 'p' AND f.relay = v_relay AND f.lease_expires_at IS NOT NULL END
+        AND CASE WHEN how = 'retry' THEN f.state::text = 'x'
+                 ELSE f.state::text = 'p' AND f.relay = v_relay AND f.lease_expires_at IS NOT NULL END
       FOR UPDATE SKIP LOCKED));
   GET DIAGNOSTICS settled = ROW_COUNT;
 
   -- What is left qualifying is held by another transaction.
   SELECT array_agg(o.event_id::text ORDER BY o.event_id) INTO busy FROM idempotency.outbox o
     WHERE o.event_id = ANY (ids)
-      AND CASE WHEN how = 'retry' THEN o.state = 'x'
-               ELSE o.state = 'p' AND o.relay = v_relay AND o.lease_expires_at IS NOT NULL END;
+      AND CASE WHEN how = 'retry' THEN o.state::text = 'x'
+               ELSE o.state::text = 'p' AND o.relay = v_relay AND o.lease_expires_at IS NOT NULL END;
   IF busy IS NULL THEN
     RETURN settled;
   END IF;
@@ -583,8 +586,8 @@ BEGIN
         reason = CASE WHEN how = 'dead' THEN v_reason ELSE o.reason END,
         xact = pg_current_xact_id()
       WHERE o.event_id = ANY (busy)
-        AND CASE WHEN how = 'retry' THEN o.state = 'x'
-                 ELSE o.state = 'p' AND o.relay = v_relay AND o.lease_expires_at IS NOT NULL END;
+        AND CASE WHEN how = 'retry' THEN o.state::text = 'x'
+                 ELSE o.state::text = 'p' AND o.relay = v_relay AND o.lease_expires_at IS NOT NULL END;
     GET DIAGNOSTICS more = ROW_COUNT;
     RETURN settled + more;
   END IF;
@@ -602,8 +605,8 @@ BEGIN
         reason = CASE WHEN how = 'dead' THEN v_reason ELSE o.reason END,
         xact = pg_current_xact_id()
       WHERE o.event_id = ANY (busy)
-        AND CASE WHEN how = 'retry' THEN o.state = 'x'
-                 ELSE o.state = 'p' AND o.relay = v_relay AND o.lease_expires_at IS NOT NULL END;
+        AND CASE WHEN how = 'retry' THEN o.state::text = 'x'
+                 ELSE o.state::text = 'p' AND o.relay = v_relay AND o.lease_expires_at IS NOT NULL END;
     GET DIAGNOSTICS more = ROW_COUNT;
     IF own IS NOT NULL THEN
       PERFORM set_config('lock_timeout', own, true);
