@@ -293,9 +293,10 @@ END $$;
 --
 -- In a VOLATILE function every expression that calls a function that is not IMMUTABLE
 -- takes a new snapshot first (a command counter increment and GetSnapshotData, which
--- contends with every other session's commits). So a new key reads what its insert
--- needs of the session in one expression (`n`), sets its two settings in another, and
--- its answer calls only immutable functions.
+-- contends with every other session's commits), and each expression is initialised
+-- again in every transaction. So the role is read inside the statements that need it,
+-- a new key reads what its insert needs of the session in one expression (`n`) and
+-- sets its two settings in another, and its answer calls only immutable functions.
 CREATE TYPE idempotency._claim_insert AS (
   expires_at timestamptz,  -- the new key's
   subtransactions int4,    -- this transaction's so far (idempotency._take_subtransaction)
@@ -311,11 +312,9 @@ LANGUAGE plpgsql VOLATILE
 SET enable_seqscan = off AS $$
 DECLARE
   now pg_catalog.timestamptz := pg_catalog.clock_timestamp();
-  me pg_catalog.regrole;
   n idempotency._claim_insert;
   seen record;
   r idempotency.keys;
-  written boolean;
   ignored pg_catalog.text;  -- set_config's result: an assignment is a simple expression, a PERFORM a query
 BEGIN
   IF lease IS NULL AND wait IS NULL AND scope IS NOT NULL AND key IS NOT NULL
@@ -329,10 +328,9 @@ BEGIN
      AND coalesce(pg_catalog.current_setting('idempotency.wait_timeout', true), '')
          OPERATOR(pg_catalog.=) ''
      AND pg_catalog.current_setting('transaction_read_only') OPERATOR(pg_catalog.=) 'off' THEN
-    me := idempotency._me();
     SELECT k AS r, k.xmax AS x INTO seen FROM idempotency.keys k
-      WHERE k.role OPERATOR(pg_catalog.=) me AND k.scope OPERATOR(pg_catalog.=) idem_claim.scope
-        AND k.key OPERATOR(pg_catalog.=) idem_claim.key;
+      WHERE k.role OPERATOR(pg_catalog.=) idempotency._me()
+        AND k.scope OPERATOR(pg_catalog.=) idem_claim.scope AND k.key OPERATOR(pg_catalog.=) idem_claim.key;
     IF seen.r IS NULL THEN
       -- Rule 1. The insert waits for another transaction inserting the key, at most
       -- idempotency.wait_timeout (5 s): in a subtransaction, so that running out is
@@ -348,10 +346,14 @@ BEGIN
         -- (idempotency._take_subtransaction: no more subtransactions in this transaction)
         INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact,
                                            scope, key, fingerprint, state)
-          VALUES (me, 1, now, n.expires_at, pg_catalog.pg_current_xact_id(), scope, key,
-                  fingerprint, 'p')
+          VALUES (idempotency._me(), 1, now, n.expires_at, pg_catalog.pg_current_xact_id(), scope,
+                  key, fingerprint, 'p')
           ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING;
-        GET DIAGNOSTICS written = ROW_COUNT;
+        IF FOUND THEN
+          RETURN ROW('claimed'::pg_catalog.text, 'pending'::pg_catalog.text, NULL::pg_catalog.jsonb,
+                     1, NULL::pg_catalog.text, NULL::pg_catalog.jsonb, NULL::pg_catalog.interval,
+                     now, n.expires_at);
+        END IF;
       ELSE
         BEGIN
           -- Counted inside the subtransaction: one that rolls back leaves PostgreSQL's
@@ -367,14 +369,18 @@ BEGIN
           -- (no speculative insertion to confirm, no probe of the key before it).
           INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact,
                                              scope, key, fingerprint, state)
-            VALUES (me, 1, now, n.expires_at, pg_catalog.pg_current_xact_id(), scope, key,
-                    fingerprint, 'p');
-          written := true;
+            VALUES (idempotency._me(), 1, now, n.expires_at, pg_catalog.pg_current_xact_id(),
+                    scope, key, fingerprint, 'p');
           IF n.bounds_wait THEN
             ignored := pg_catalog.set_config('lock_timeout', n.lock_timeout, true);
           END IF;
+          -- The values just inserted (no RETURNING: its projection and row-level
+          -- security check cost more than computing them again).
+          RETURN ROW('claimed'::pg_catalog.text, 'pending'::pg_catalog.text, NULL::pg_catalog.jsonb,
+                     1, NULL::pg_catalog.text, NULL::pg_catalog.jsonb, NULL::pg_catalog.interval,
+                     now, n.expires_at);
         EXCEPTION WHEN unique_violation THEN
-          written := false;
+          NULL;  -- committed meanwhile: the general path looks again
         WHEN lock_not_available THEN
           IF NOT n.bounds_wait THEN
             RAISE;
@@ -385,13 +391,6 @@ BEGIN
                                          '100 ms'::pg_catalog.interval),
                      NULL::pg_catalog.timestamptz, NULL::pg_catalog.timestamptz);
         END;
-      END IF;
-      IF written THEN
-        -- The values just inserted (no RETURNING: its projection and row-level security
-        -- check cost more than computing them again).
-        RETURN ROW('claimed'::pg_catalog.text, 'pending'::pg_catalog.text, NULL::pg_catalog.jsonb,
-                   1, NULL::pg_catalog.text, NULL::pg_catalog.jsonb, NULL::pg_catalog.interval,
-                   now, n.expires_at);
       END IF;
     ELSE
       r := seen.r;
