@@ -11,7 +11,9 @@
 # The requests are test/bench/peers' payment request, `CALL create_payment(...)`: new
 # keys and replays, as the store's owner (native) and as a plain role (SQL-only, under
 # row-level security); each store holds 100,000 keys of that role. The hand-written
-# table (setup.sql's plpgsql_payment) runs in the native cluster. Counted as
+# table (setup.sql's plpgsql_payment) runs in the native cluster; two yardsticks of
+# test/bench/yardsticks-sql.sql in the SQL-only edition's database: the payment's insert
+# alone, and the edition's three statements of a new key alone on a copy of its store. Counted as
 # profile.sh counts: only exec_simple_query, from the session's pg_sleep(0) on, after
 # 50 warm-up calls. Prints instructions per call and leaves the profiles and
 # callgrind_annotate's listings in $OUT.
@@ -38,7 +40,8 @@ trap 'stop_cluster "$work/native"; stop_cluster "$work/sql"
       for pid in "${postmasters[@]}"; do pkill -KILL -P "$pid" 2>/dev/null || true; kill -KILL "$pid" 2>/dev/null || true; done
       rm -rf "$work"' EXIT
 mkdir -p "$work/cg" && chown postgres "$work/cg"
-cp test/bench/setup.sql test/bench/peers/setup-sql.sql dist/idempotency-sql--1.5.sql "$work/"
+cp test/bench/setup.sql test/bench/peers/setup-sql.sql test/bench/yardsticks-sql.sql \
+  dist/idempotency-sql--1.5.sql "$work/"
 chmod 644 "$work"/*.sql
 
 # start NAME PRELOAD: a postmaster under callgrind; sets started_port.
@@ -80,6 +83,7 @@ psql_ "$port_sql" -U bench_app -d bench_sql \
   -c "SELECT count(*) FROM generate_series(1, 100000) g
         WHERE idem_once('payments', ('fill-' || g)::idem_key)" \
   -c "CALL create_payment('replay-42', 42, 10)" >/dev/null
+psql_ "$port_sql" -U bench_owner -d bench_sql -f "$work/yardsticks-sql.sql"
 psql_ "$port_sql" -d bench_sql -c "VACUUM ANALYZE" -c "CHECKPOINT"
 
 . test/bench/callgrind_lib.sh
@@ -100,6 +104,10 @@ calls_session create_payment "gen_random_uuid()::text" "$CALLS" >"$work/sql_new.
 ir[sql_new]=$(scenario sql_new "$port_sql" bench_sql bench_app "$work/sql_new.sql")
 calls_session create_payment "'replay-42'" "$CALLS" 42 >"$work/sql_replay.sql"
 ir[sql_replay]=$(scenario sql_replay "$port_sql" bench_sql bench_app "$work/sql_replay.sql")
+calls_session floor_payment "gen_random_uuid()::text" "$CALLS" >"$work/floor_new.sql"
+ir[floor_new]=$(scenario floor_new "$port_sql" bench_sql bench_app "$work/floor_new.sql")
+calls_session statements_payment "gen_random_uuid()::text" "$CALLS" >"$work/statements_new.sql"
+ir[statements_new]=$(scenario statements_new "$port_sql" bench_sql bench_app "$work/statements_new.sql")
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 {
@@ -107,6 +115,11 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
   echo "| --- | ---: | ---: | ---: | ---: |"
   echo "| new key | ${ir[native_new]} | ${ir[sql_new]} | $(ratio "${ir[sql_new]}" "${ir[native_new]}") | ${ir[table_new]} |"
   echo "| replay | ${ir[native_replay]} | ${ir[sql_replay]} | $(ratio "${ir[sql_replay]}" "${ir[native_replay]}") | |"
+  echo
+  echo "| yardstick in the SQL-only edition's database (test/bench/yardsticks-sql.sql) | instructions | / native new key |"
+  echo "| --- | ---: | ---: |"
+  echo "| the payment's insert alone (floor_payment) | ${ir[floor_new]} | $(ratio "${ir[floor_new]}" "${ir[native_new]}") |"
+  echo "| the edition's three statements alone on a copy of its store (statements_payment) | ${ir[statements_new]} | $(ratio "${ir[statements_new]}" "${ir[native_new]}") |"
   echo
   echo "PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}'), $CALLS calls per scenario, synchronous_commit off; profiles in $OUT."
 } | tee "$OUT/summary.md"
