@@ -13,9 +13,9 @@
 # row-level security); each store holds 100,000 keys of that role. The hand-written
 # table (setup.sql's plpgsql_payment) runs in the native cluster; two yardsticks of
 # test/bench/yardsticks-sql.sql in the SQL-only edition's database: the payment's insert
-# alone, and the edition's three statements of a new key alone on a copy of its store. Counted as
-# profile.sh counts: only exec_simple_query, from the session's pg_sleep(0) on, after
-# 50 warm-up calls. Prints instructions per call and leaves the profiles and
+# alone, and the edition's three statements of a new key alone on a copy of its store.
+# Counted as profile.sh counts: only exec_simple_query, from the session's pg_sleep(0)
+# on, after 50 warm-up calls. Prints instructions per call and leaves the profiles and
 # callgrind_annotate's listings in $OUT.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
