@@ -349,11 +349,6 @@ BEGIN
           VALUES (idempotency._me(), 1, now, n.expires_at, pg_catalog.pg_current_xact_id(), scope,
                   key, fingerprint, 'p')
           ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING;
-        IF FOUND THEN
-          RETURN ROW('claimed'::pg_catalog.text, 'pending'::pg_catalog.text, NULL::pg_catalog.jsonb,
-                     1, NULL::pg_catalog.text, NULL::pg_catalog.jsonb, NULL::pg_catalog.interval,
-                     now, n.expires_at);
-        END IF;
       ELSE
         BEGIN
           -- Counted inside the subtransaction: one that rolls back leaves PostgreSQL's
@@ -374,13 +369,10 @@ BEGIN
           IF n.bounds_wait THEN
             ignored := pg_catalog.set_config('lock_timeout', n.lock_timeout, true);
           END IF;
-          -- The values just inserted (no RETURNING: its projection and row-level
-          -- security check cost more than computing them again).
-          RETURN ROW('claimed'::pg_catalog.text, 'pending'::pg_catalog.text, NULL::pg_catalog.jsonb,
-                     1, NULL::pg_catalog.text, NULL::pg_catalog.jsonb, NULL::pg_catalog.interval,
-                     now, n.expires_at);
         EXCEPTION WHEN unique_violation THEN
-          NULL;  -- committed meanwhile: the general path looks again
+          -- Committed meanwhile: FOUND stays the look's (false), the general path looks
+          -- again.
+          NULL;
         WHEN lock_not_available THEN
           IF NOT n.bounds_wait THEN
             RAISE;
@@ -391,6 +383,13 @@ BEGIN
                                          '100 ms'::pg_catalog.interval),
                      NULL::pg_catalog.timestamptz, NULL::pg_catalog.timestamptz);
         END;
+      END IF;
+      IF FOUND THEN
+        -- The values just inserted (no RETURNING: its projection and row-level security
+        -- check cost more than computing them again).
+        RETURN ROW('claimed'::pg_catalog.text, 'pending'::pg_catalog.text, NULL::pg_catalog.jsonb,
+                   1, NULL::pg_catalog.text, NULL::pg_catalog.jsonb, NULL::pg_catalog.interval,
+                   now, n.expires_at);
       END IF;
     ELSE
       r := seen.r;
