@@ -312,6 +312,46 @@ ALTER TABLE idempotency.outbox RESET (autovacuum_enabled);
 DELETE FROM idempotency.outbox WHERE topic = 'sqled.backlog';
 DELETE FROM idempotency.outbox_aggregates WHERE topic = 'sqled.backlog';
 
+-- 10. idem_fingerprint(jsonb) writes most flat objects from jsonb's own text (no query):
+-- the same digest as the general path (idempotency._canonical_json) for objects made of
+-- keys that sort differently by length and by bytes, a prefix before a key that extends
+-- it with a space or '!', the empty key, non-ASCII keys, and values that come close to
+-- the separators; then with escapes, nesting, fractions ending in 0 and long texts
+-- mixed in, which the general path writes.
+DO $$
+DECLARE
+  plain_keys text[] := ARRAY['a', 'b', 'ab', 'a b', 'a!', 'a#', 'A', 'B', '_', '', ' ', '!', '#',
+                             '{', '[', ':', ': ', ', ', ',', '0', '.', '~', E'\u00e9', E'\ufb01', E'\U0001F600', 'amount', 'account'];
+  plain_values jsonb[] := ARRAY['1', '10', '100', '1.5', '-7', '0', '12.34', '-0.05', 'true', 'false', 'null',
+                                '"x"', '"a b"', '""', '"1.50"', '"x0"', '"{"', '"[1]"', '", "', '": ["', '"10.50}"',
+                                '"x.y"', '": x"', '"x, "', '", "', '": "', '"x: "', '", x"', E'"\u00e9"']::jsonb[];
+  tricky_keys text[] := ARRAY['"', '\', E'\n', E'\u0001', 'k"', E'a\tb'];
+  tricky_values jsonb[] := ARRAY['10.50', '1.0', '-0.0', '0.00', '1e3', '"a\"b"', '"\\"', '"\n"', '[1, 2.50]',
+                                 '{"b": 1, "a": 2}', '{}', '[]', '"' || repeat('x', 1990) || '"',
+                                 '"' || repeat('y', 2030) || '"', '"' || repeat('z', 2060) || '"']::jsonb[];
+  keys text[];
+  vals jsonb[];
+  v jsonb;
+BEGIN
+  PERFORM setseed(0.25);
+  FOR i IN 1 .. 4000 LOOP
+    IF i <= 2500 THEN
+      keys := plain_keys; vals := plain_values;
+    ELSE
+      keys := plain_keys || tricky_keys; vals := plain_values || tricky_values;
+    END IF;
+    v := '{}';
+    FOR j IN 1 .. 1 + floor(random() * 6)::int LOOP
+      v := v || jsonb_build_object(
+             keys[1 + floor(random() * cardinality(keys))::int]
+               || CASE WHEN random() < 0.3 THEN keys[1 + floor(random() * cardinality(keys))::int] ELSE '' END,
+             vals[1 + floor(random() * cardinality(vals))::int]);
+    END LOOP;
+    ASSERT idem_fingerprint(v) = sha256(convert_to(idempotency._canonical_json(v), 'UTF8')),
+      format('idem_fingerprint(%L) is not the digest of its canonical text %s', v, idempotency._canonical_json(v));
+  END LOOP;
+END $$;
+
 DELETE FROM idempotency.keys WHERE scope IN ('sqled', 'sqled-many', 'sqled-bulk');
 DROP ROLE regress_sqled_a;
 DROP ROLE regress_sqled_b;
