@@ -9,8 +9,8 @@
 -- idem_stats counts what the key functions answered (issue 43): claims_total,
 -- replays_total, fingerprint_mismatches_total, in_progress_total since server start,
 -- and the edition ('native'). Its result type changes, so it is dropped and made again,
--- and idem_node_stats, which mirrors its columns, too; their grants (pg_monitor, and any
--- an administrator added) are carried by exact signature. A user's view or function
+-- and idem_node_stats, which mirrors its columns, too; each keeps exactly its ACL, by
+-- exact signature (pg_monitor's grant only where it still had it). A user's view or function
 -- over idem_stats would block the drop: the update stops first, saying which, and
 -- docs/operations.md gives the statements to run around it.
 ------------------------------------------------------------------------------
@@ -126,11 +126,14 @@ REVOKE ALL ON FUNCTION idem_node_stats() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idem_node_stats() TO pg_monitor;
 
 -- The grants kept aside above, given again by exact signature to the extension's own
--- functions (never another function of that name).
+-- functions (never another function of that name), and no others: a grant the function
+-- was made with above (the owner's, pg_monitor's) that is not among them goes, as an
+-- administrator revoked it (issue 50).
 DO $$
 DECLARE
   acls jsonb := pg_catalog.current_setting('idem_upgrade.stats_acls')::jsonb;
   signature text;
+  grantee oid;
   grant_entry jsonb;
 BEGIN
   FOR signature IN SELECT pg_catalog.jsonb_object_keys(acls) LOOP
@@ -143,7 +146,18 @@ BEGIN
                             WHERE e.extname = 'idempotency')) THEN
       RAISE EXCEPTION 'idempotency update: % is not a function of the extension', signature;
     END IF;
-    EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', signature);
+    FOR grantee IN
+      SELECT DISTINCT a.grantee FROM pg_catalog.pg_proc p,
+        pg_catalog.aclexplode(COALESCE(p.proacl, pg_catalog.acldefault('f', p.proowner))) a
+      WHERE p.oid = pg_catalog.to_regprocedure(signature)
+        AND a.grantee NOT IN (SELECT (e ->> 0)::oid
+                              FROM pg_catalog.jsonb_array_elements(acls -> signature) e)
+    LOOP
+      EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM %s', signature,
+        CASE WHEN grantee = 0 THEN 'PUBLIC'
+             ELSE (SELECT pg_catalog.quote_ident(r.rolname) FROM pg_catalog.pg_roles r
+                   WHERE r.oid = grantee) END);
+    END LOOP;
     FOR grant_entry IN SELECT pg_catalog.jsonb_array_elements(acls -> signature) LOOP
       EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO %s%s', signature,
         CASE WHEN (grant_entry ->> 0)::oid = 0 THEN 'PUBLIC'

@@ -14,7 +14,10 @@
 # the database and in a dump of it restored, and leave alone an idem_once_many granted
 # otherwise on purpose (issue 41). The grants the released updates carried over (1.2's
 # to the key functions, 1.3's to idem_emit and idem_apply_version) survive a dump
-# restored into a fresh install too.
+# restored into a fresh install too. idem_stats and idem_node_stats, which 1.4 -> 1.5
+# makes again, keep exactly their ACL (revoked from pg_monitor too, issue 50), in the
+# database and in a dump restored. Every released step taken one by one, 1.0 to 1.5,
+# leaves exactly the grants made along the way and a fresh install's objects.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
@@ -614,6 +617,112 @@ is($node->safe_psql('from14_deliberate', $deliberate), $deliberate_before,
 	'the update leaves a deliberately granted idem_once_many exactly as it was');
 is(add_keys_as('from14_deliberate', 'upgrade_batch', 'idem_once_many'), 'idem_once_many:ok',
 	'and the batch role still calls it');
+
+# idem_stats and idem_node_stats, which 1.4 -> 1.5 makes again, end with exactly the
+# ACL they had (issue 50): an administrator's revoke from pg_monitor, grant to another
+# role, and the owner's revoke of its own grant hold. Their initial privileges are a
+# fresh install's (the owner's and pg_monitor's grants), so pg_dump writes the
+# administrator's changes and a restore into a fresh install gets exactly that ACL.
+# Left alone, they stay pg_monitor's.
+$node->safe_psql('postgres', 'CREATE ROLE monitor_app LOGIN');
+my $stats_functions = q{'idem_stats(boolean)'::regprocedure, 'idem_node_stats()'::regprocedure};
+# Every entry (grantee, grant option, grantor), sorted; 'default' for a NULL ACL.
+my $sorted_acl = q{coalesce((SELECT array_agg(a::text ORDER BY a::text) FROM unnest(%s) a)::text,
+                            %s::text, 'default')};
+my $stats_acl = sprintf(q{
+  SELECT string_agg(p.oid::regprocedure || ' ' || %s, E'\n' ORDER BY p.proname)
+  FROM pg_proc p WHERE p.oid IN (%s)}, sprintf($sorted_acl, 'p.proacl', 'p.proacl'), $stats_functions);
+my $stats_initial = sprintf(q{
+  SELECT string_agg(i.objoid::regprocedure || ' ' || %s, E'\n' ORDER BY i.objoid::regprocedure::text)
+  FROM pg_init_privs i WHERE i.classoid = 'pg_proc'::regclass AND i.objoid IN (%s)},
+	sprintf($sorted_acl, 'i.initprivs', 'i.initprivs'), $stats_functions);
+my $fresh_stats_initial = $node->safe_psql('fresh', $stats_initial);
+like($fresh_stats_initial,
+	qr/^idem_node_stats\(\) \{pg_monitor=X\/(\w+),\1=X\/\1\}\nidem_stats\(boolean\) \{pg_monitor=X\/\1,\1=X\/\1\}$/,
+	'a fresh 1.5 install records the owner\'s and pg_monitor\'s grants of idem_stats and idem_node_stats as initial');
+
+$node->safe_psql('postgres', 'CREATE DATABASE from14_monitor');
+$node->safe_psql('from14_monitor', q{
+  CREATE EXTENSION idempotency VERSION '1.4';
+  REVOKE EXECUTE ON FUNCTION idem_stats(boolean) FROM pg_monitor;
+  GRANT EXECUTE ON FUNCTION idem_stats(boolean) TO monitor_app;
+  REVOKE EXECUTE ON FUNCTION idem_node_stats() FROM pg_monitor;
+  GRANT EXECUTE ON FUNCTION idem_node_stats() TO monitor_app WITH GRANT OPTION;
+  REVOKE EXECUTE ON FUNCTION idem_node_stats() FROM CURRENT_USER;});
+my $monitor_acl = $node->safe_psql('from14_monitor', $stats_acl);
+like($monitor_acl, qr/^idem_node_stats\(\) \{monitor_app=X\*\/(\w+)\}\nidem_stats\(boolean\) \{monitor_app=X\/\1,\1=X\/\1\}$/,
+	'1.4: idem_stats and idem_node_stats revoked from pg_monitor, granted to monitor_app, '
+	  . 'idem_node_stats revoked from its owner');
+$node->safe_psql('from14_monitor', 'ALTER EXTENSION idempotency UPDATE');
+is($node->safe_psql('from14_monitor', $stats_acl), $monitor_acl,
+	'from 1.4, idem_stats and idem_node_stats made again keep exactly the administrator\'s ACL');
+is($node->safe_psql('from14_monitor', qq{
+  SELECT string_agg(has_function_privilege('pg_monitor', f, 'EXECUTE')::text, ' ')
+  FROM unnest(ARRAY[$stats_functions]) f}), 'false false', 'pg_monitor is not given them back');
+is($node->safe_psql('from14_monitor', $stats_initial), $fresh_stats_initial,
+	'their initial privileges are a fresh 1.5 install\'s');
+dump_and_restore('from14_monitor', 'restored14_monitor');
+is($node->safe_psql('restored14_monitor', $stats_acl), $monitor_acl,
+	'restored into a fresh install, they have exactly the administrator\'s ACL');
+
+# Left alone: pg_monitor's, as in a fresh install, and exactly a fresh install's objects.
+my $fresh_stats_acl = $node->safe_psql('fresh', $stats_acl);
+$node->safe_psql('postgres', 'CREATE DATABASE from14_plain');
+$node->safe_psql('from14_plain', q{CREATE EXTENSION idempotency VERSION '1.4'});
+$node->safe_psql('from14_plain', 'ALTER EXTENSION idempotency UPDATE');
+is($node->safe_psql('from14_plain', $stats_acl), $fresh_stats_acl,
+	'from 1.4 with grants untouched, idem_stats and idem_node_stats have a fresh install\'s ACL');
+like($fresh_stats_acl, qr/^idem_node_stats\(\) \{pg_monitor=X\/(\w+),\1=X\/\1\}\nidem_stats\(boolean\) \{pg_monitor=X\/\1,\1=X\/\1\}$/,
+	'the owner\'s and pg_monitor\'s');
+is($node->safe_psql('from14_plain', $catalog), $fresh,
+	'the database updated from 1.4 has exactly the objects of a fresh 1.5 install');
+dump_and_restore('from14_plain', 'restored14_plain');
+is($node->safe_psql('restored14_plain', $stats_acl), $fresh_stats_acl,
+	'and a dump of it restored into a fresh install the same ACL');
+
+# Every released step, one ALTER EXTENSION UPDATE each (1.0 -> 1.1 -> 1.2 -> 1.3 -> 1.4
+# -> 1.5), with grants made along the way: 1.4 -> 1.5 leaves every function's ACL as
+# it was, a dump restored into a fresh install has the same ACLs, and with the grants
+# undone the database has exactly the objects of a fresh 1.5 install.
+$node->safe_psql('postgres', q{CREATE ROLE step_app; CREATE DATABASE stepwise});
+$node->safe_psql('stepwise', q{
+  CREATE EXTENSION idempotency VERSION '1.0';
+  ALTER EXTENSION idempotency UPDATE TO '1.1';
+  ALTER EXTENSION idempotency UPDATE TO '1.2';
+  REVOKE EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval) FROM PUBLIC;
+  GRANT EXECUTE ON FUNCTION idem_claim(text, idem_key, bytea, interval, interval, interval) TO step_app;
+  GRANT EXECUTE ON FUNCTION idem_emit(text, jsonb, text, jsonb, idem_key) TO step_app;
+  ALTER EXTENSION idempotency UPDATE TO '1.3';
+  REVOKE EXECUTE ON FUNCTION idem_apply_version(text, text, bigint, interval) FROM PUBLIC;
+  GRANT EXECUTE ON FUNCTION idem_apply_version(text, text, bigint, interval) TO step_app WITH GRANT OPTION;
+  ALTER EXTENSION idempotency UPDATE TO '1.4';
+  REVOKE EXECUTE ON FUNCTION idem_stats(boolean) FROM pg_monitor;
+  GRANT EXECUTE ON FUNCTION idem_stats(boolean) TO monitor_app;});
+# Every function of the extension with its ACL, by signature.
+my $all_acls = sprintf(q{
+  SELECT string_agg(p.oid::regprocedure || ' ' || %s, E'\n' ORDER BY p.oid::regprocedure::text)
+  FROM pg_proc p JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid
+  WHERE d.deptype = 'e' AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')},
+	sprintf($sorted_acl, 'p.proacl', 'p.proacl'));
+my %acls_14 = map { /^(.*) (\S+)$/ } split /\n/, $node->safe_psql('stepwise', $all_acls);
+like($acls_14{$claim}, qr/step_app=X\//, '1.0 to 1.4 step by step: idem_claim kept step_app\'s grant');
+$node->safe_psql('stepwise', q{ALTER EXTENSION idempotency UPDATE TO '1.5'});
+my $acls_15 = $node->safe_psql('stepwise', $all_acls);
+my %acls_15 = map { /^(.*) (\S+)$/ } split /\n/, $acls_15;
+is_deeply({ map { $_ => $acls_15{$_} } keys %acls_14 }, \%acls_14,
+	'1.4 -> 1.5 leaves the ACL of every function it keeps or makes again exactly as it was');
+dump_and_restore('stepwise', 'restored_stepwise');
+is($node->safe_psql('restored_stepwise', $all_acls), $acls_15,
+	'restored into a fresh install, every function has exactly the ACL of the updated database');
+$node->safe_psql('stepwise', qq{
+  GRANT EXECUTE ON FUNCTION $claim, idem_apply_version(text, text, bigint, interval, "any") TO PUBLIC;
+  REVOKE ALL ON FUNCTION $claim, idem_emit(text, jsonb, text, jsonb, idem_key, "any"),
+                         idem_apply_version(text, text, bigint, interval, "any") FROM step_app;
+  GRANT EXECUTE ON FUNCTION idem_stats(boolean) TO pg_monitor;
+  REVOKE ALL ON FUNCTION idem_stats(boolean) FROM monitor_app;});
+is($node->safe_psql('stepwise', $catalog), $fresh,
+	'with those grants undone, the database updated step by step from 1.0 has exactly the objects '
+	  . 'of a fresh 1.5 install');
 
 # pg_dump of database `from` restored into a new database `to`, where CREATE EXTENSION
 # makes a fresh install of 1.5.
