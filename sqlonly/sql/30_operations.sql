@@ -182,42 +182,91 @@ REVOKE ALL ON FUNCTION idem_stats(boolean) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION idem_stats(boolean) TO pg_monitor;
 
 ------------------------------------------------------------------------------
+-- This install's idem_reap, written into idempotency._reap_function() when the install
+-- runs (schema-qualified, with its exact signature), never found by name: a function
+-- another role creates anywhere cannot stand in for it. By name rather than by OID, so
+-- that a dump of the plain install restores it.
+------------------------------------------------------------------------------
+DO $$
+BEGIN
+  EXECUTE pg_catalog.format(
+    'CREATE FUNCTION idempotency._reap_function() RETURNS pg_catalog.regprocedure '
+    'LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS %L',
+    pg_catalog.format('SELECT %L::pg_catalog.regprocedure',
+                      pg_catalog.format('%I.idem_reap(bigint)', pg_catalog.current_schema())));
+END $$;
+
+-- The statement that reaps, as pg_cron or an application job runs it: qualified, and
+-- typed so that no other idem_reap in the schema matches the call better.
+CREATE FUNCTION idempotency._reap_command() RETURNS text
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+  SELECT format('SELECT %s(NULL::pg_catalog.int8)', idempotency._reap_function()::regproc)
+$$;
+
+-- pg_cron's schema in this database (the one its extension created: "cron"), or NULL
+-- where pg_cron is not installed here. Found through the extension, so that a schema
+-- of that name made by another role is never taken for it.
+CREATE FUNCTION idempotency._cron_schema() RETURNS name
+LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+  SELECT n.nspname FROM pg_extension e
+  JOIN pg_depend d ON d.refclassid = 'pg_extension'::regclass AND d.refobjid = e.oid
+                  AND d.classid = 'pg_namespace'::regclass AND d.deptype = 'e'
+  JOIN pg_namespace n ON n.oid = d.objid
+  WHERE e.extname = 'pg_cron'
+$$;
+
+------------------------------------------------------------------------------
 -- Reaping on a schedule. With pg_cron in this database, idem_schedule_reaping()
 -- schedules idem_reap() (job 'idempotency-reap-<database>', every `every`, run as the
 -- calling role, which must be allowed to execute idem_reap) and returns the job's id;
--- a second call replaces the schedule. Without pg_cron it says so and what to run.
+-- a second call replaces the schedule. Without pg_cron it fails with 55000 and says
+-- what to run instead.
 ------------------------------------------------------------------------------
 CREATE FUNCTION idem_schedule_reaping(every text DEFAULT '10 seconds') RETURNS bigint
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   job_name text := 'idempotency-reap-' || current_database();
-  reap_function regprocedure;
-  command text;
-  -- pg_settings hides cron.database_name (superuser-only) from a role without
-  -- pg_read_all_settings, where current_setting() would raise 42501.
-  cron_database text := (SELECT setting FROM pg_settings WHERE name = 'cron.database_name');
+  command text := idempotency._reap_command();
+  cron_schema name := idempotency._cron_schema();
+  -- Superuser-only settings, which pg_settings hides (no row) from a role without
+  -- pg_read_all_settings. cron.database_name exists only where pg_cron is loaded.
+  cron_database text := (SELECT s.setting FROM pg_settings s WHERE s.name = 'cron.database_name');
+  preload_visible boolean := EXISTS (SELECT FROM pg_settings s WHERE s.name = 'shared_preload_libraries');
+  elsewhere text;
+  app_job text;
+  job bigint;
 BEGIN
   IF every IS NULL THEN
     RAISE EXCEPTION 'every must not be null' USING ERRCODE = 'null_value_not_allowed';
   END IF;
-  -- idem_reap of this install, schema-qualified.
-  SELECT p.oid INTO reap_function FROM pg_proc p
-    WHERE p.proname = 'idem_reap'
-      AND p.pronamespace = (SELECT s.pronamespace FROM pg_proc s
-                            WHERE s.proname = 'idem_schedule_reaping' LIMIT 1);
-  command := format('SELECT %s(NULL)', reap_function::regproc);
-  IF NOT EXISTS (SELECT FROM pg_extension WHERE extname = 'pg_cron') THEN
+  IF cron_schema IS NULL THEN
+    elsewhere := format('SELECT cron.schedule_in_database(%L, %L, %L, %L);',
+                        job_name, every, command, current_database());
+    app_job := format('have an application job run %s; every few seconds', command);
+    IF cron_database IS NOT NULL AND cron_database <> current_database() THEN
+      RAISE EXCEPTION 'pg_cron is not installed in this database'
+        USING ERRCODE = 'object_not_in_prerequisite_state',
+              DETAIL = format('pg_cron runs in database %s.', cron_database),
+              HINT = format('In database %s run: %s', cron_database, elsewhere);
+    ELSIF cron_database IS NOT NULL THEN
+      RAISE EXCEPTION 'pg_cron is not installed in this database'
+        USING ERRCODE = 'object_not_in_prerequisite_state',
+              HINT = format('CREATE EXTENSION pg_cron here, or %s.', app_job);
+    ELSIF preload_visible THEN
+      RAISE EXCEPTION 'pg_cron is not installed in this database'
+        USING ERRCODE = 'object_not_in_prerequisite_state',
+              DETAIL = 'pg_cron is not loaded on this server.',
+              HINT = format('Add pg_cron to shared_preload_libraries and CREATE EXTENSION pg_cron, or %s.', app_job);
+    END IF;
+    -- This role may not see whether or where pg_cron runs.
     RAISE EXCEPTION 'pg_cron is not installed in this database'
       USING ERRCODE = 'object_not_in_prerequisite_state',
-            DETAIL = CASE WHEN cron_database IS NOT NULL AND cron_database <> current_database()
-                          THEN format('pg_cron runs in database %s.', cron_database) END,
-            HINT = CASE WHEN cron_database IS NOT NULL AND cron_database <> current_database()
-                        THEN format('In database %s run: SELECT cron.schedule_in_database(%L, %L, %L, %L);',
-                                    cron_database, job_name, every, command, current_database())
-                        ELSE format('Add pg_cron to shared_preload_libraries and CREATE EXTENSION pg_cron, '
-                                    'or have an application job run %s; every few seconds.', command) END;
+            HINT = format('Where this server loads pg_cron, in the database its setting cron.database_name '
+                          'names run: %s Otherwise %s.', elsewhere, app_job);
   END IF;
-  RETURN cron.schedule_in_database(job_name, every, command, current_database());
+  EXECUTE format('SELECT %I.schedule_in_database($1, $2, $3, $4)', cron_schema)
+    INTO job USING job_name, every, command, current_database();
+  RETURN job;
 END $$;
 REVOKE ALL ON FUNCTION idem_schedule_reaping(text) FROM PUBLIC;
 
@@ -226,11 +275,12 @@ REVOKE ALL ON FUNCTION idem_schedule_reaping(text) FROM PUBLIC;
 CREATE FUNCTION idempotency._install_notice() RETURNS void
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
+  cron_schema name := idempotency._cron_schema();
   job record;
 BEGIN
-  IF EXISTS (SELECT FROM pg_extension WHERE extname = 'pg_cron') THEN
-    FOR job IN EXECUTE 'SELECT j.jobid, j.schedule FROM cron.job j
-                        WHERE j.jobname = $1 AND j.active'
+  IF cron_schema IS NOT NULL THEN
+    FOR job IN EXECUTE format('SELECT j.jobid, j.schedule FROM %I.job j
+                               WHERE j.jobname = $1 AND j.active', cron_schema)
                USING 'idempotency-reap-' || current_database() LOOP
       RAISE NOTICE 'idempotency (SQL-only edition): pg_cron job % runs idem_reap() in this database (schedule "%")',
         job.jobid, job.schedule;
@@ -240,9 +290,31 @@ BEGIN
       USING HINT = 'pg_cron is installed: SELECT idem_schedule_reaping(); schedules idem_reap() every 10 seconds.';
   ELSE
     RAISE NOTICE 'idempotency (SQL-only edition): nothing reaps expired keys or reclaims stale leases in this database'
-      USING HINT = 'Where pg_cron is available, CREATE EXTENSION pg_cron and SELECT idem_schedule_reaping();. '
-                   'Otherwise have an application job run SELECT idem_reap(); every few seconds.';
+      USING HINT = format('Where pg_cron is available, CREATE EXTENSION pg_cron and SELECT idem_schedule_reaping();. '
+                          'Otherwise have an application job run %s; every few seconds.',
+                          idempotency._reap_command());
   END IF;
 END $$;
 REVOKE ALL ON FUNCTION idempotency._install_notice() FROM PUBLIC;
-DO $$ BEGIN PERFORM idempotency._install_notice(); END $$;
+
+-- The notice waits for COMMIT, as the native edition's does: PostgreSQL runs an
+-- extension script (pg_tle's CREATE EXTENSION, ALTER EXTENSION ... UPDATE) with
+-- client_min_messages raised to WARNING, so a NOTICE raised there never reaches the
+-- user; a deferred trigger fires after the script, with the user's settings, and not
+-- at all if the install is rolled back.
+CREATE TABLE idempotency.install_notice (requested_at timestamptz NOT NULL);
+REVOKE ALL ON TABLE idempotency.install_notice FROM PUBLIC;
+CREATE FUNCTION idempotency._send_install_notice() RETURNS trigger
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  -- Once, however many installs and updates the transaction ran.
+  DELETE FROM idempotency.install_notice;
+  IF FOUND THEN
+    PERFORM idempotency._install_notice();
+  END IF;
+  RETURN NULL;
+END $$;
+REVOKE ALL ON FUNCTION idempotency._send_install_notice() FROM PUBLIC;
+CREATE CONSTRAINT TRIGGER send_at_commit AFTER INSERT ON idempotency.install_notice
+  DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION idempotency._send_install_notice();
+INSERT INTO idempotency.install_notice VALUES (pg_catalog.now());

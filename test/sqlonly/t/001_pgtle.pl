@@ -53,9 +53,45 @@ is($node->safe_psql('app', q{
   SELECT string_agg(version, ',') FROM pgtle.available_extension_versions() WHERE name = 'idempotency'}),
 	'1.5', 'pg_tle offers idempotency 1.5');
 
-# The database owner creates the extension.
+# A role with CREATE on the database only (no superuser, not the owner) prepares
+# look-alikes of the edition's functions in a schema of its own, which
+# idem_schedule_reaping() once found by name among all schemas.
+$node->safe_psql('postgres', q{
+  CREATE ROLE mallory LOGIN NOSUPERUSER;
+  GRANT CREATE ON DATABASE app TO mallory;});
+($ret, $out, $err) = IdemSqlOnly::psql_as($node, 'mallory', 'app', q{
+  CREATE SCHEMA m;
+  GRANT USAGE ON SCHEMA m TO PUBLIC;
+  CREATE FUNCTION m.idem_schedule_reaping() RETURNS bigint LANGUAGE sql AS 'SELECT 0::bigint';
+  CREATE FUNCTION m.idem_reap(bigint) RETURNS bigint LANGUAGE sql AS 'SELECT 0::bigint';
+  CREATE FUNCTION m.idem_reap(text) RETURNS bigint LANGUAGE sql AS 'SELECT 0::bigint';});
+is($ret, 0, 'mallory, with CREATE on the database only, makes m.idem_schedule_reaping and m.idem_reap')
+  or diag($err);
+
+# The database owner creates the extension; it says at once what reaps the database
+# (an extension script runs with client_min_messages at WARNING: the NOTICE waits for
+# the commit, as the native edition's does).
+($ret, $out, $err) = IdemSqlOnly::psql_as($node, 'app_owner', 'app', 'BEGIN; CREATE EXTENSION idempotency; ROLLBACK');
+is($ret, 0, 'CREATE EXTENSION rolled back') or diag($err);
+unlike($err, qr/NOTICE/, '... says nothing');
 ($ret, $out, $err) = IdemSqlOnly::psql_as($node, 'app_owner', 'app', 'CREATE EXTENSION idempotency');
 is($ret, 0, 'CREATE EXTENSION idempotency by the database owner (no superuser)') or diag($err);
+like($err, qr/NOTICE: +idempotency \(SQL-only edition\): nothing reaps expired keys .*\n.*HINT: .*run SELECT public\.idem_reap\(NULL::pg_catalog\.int8\)/,
+	'CREATE EXTENSION through pg_tle says that nothing reaps the database, and what to run');
+is(IdemSqlOnly::safe_as($node, 'app_owner', 'app', q{
+  SELECT count(*) FROM idempotency.install_notice}), '0', 'the notice is sent once');
+
+# Without pg_cron on the server, idem_schedule_reaping() fails with 55000 and a hint
+# naming this install's idem_reap, for the owner and for a superuser alike.
+for my $role ('app_owner', $node->safe_psql('postgres', 'SELECT current_user')) {
+	is(IdemSqlOnly::error_as($node, $role, 'app', 'SELECT idem_schedule_reaping()'),
+		'55000: pg_cron is not installed in this database',
+		"no pg_cron, $role: idem_schedule_reaping() fails with 55000");
+	($ret, $out, $err) = IdemSqlOnly::psql_as($node, $role, 'app', 'SELECT idem_schedule_reaping()');
+	like($err, qr/HINT: .*run SELECT public\.idem_reap\(NULL::pg_catalog\.int8\); every few seconds/,
+		"no pg_cron, $role: the hint names this install's idem_reap") or diag($err);
+	unlike($err, qr/\bm\.idem_reap/, "no pg_cron, $role: never mallory's function");
+}
 is($node->safe_psql('app', q{
   SELECT e.extversion || ' ' || r.rolname FROM pg_extension e JOIN pg_roles r ON r.oid = e.extowner
   WHERE e.extname = 'idempotency'}), '1.5 app_owner', 'the extension is 1.5, owned by app_owner');

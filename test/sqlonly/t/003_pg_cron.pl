@@ -63,15 +63,44 @@ for my $db ('app', 'other') {
 	is($node->safe_psql($db, q{SELECT count(*) FROM idempotency.keys}), '4', "$db: four rows stored");
 }
 
+# A role with CREATE on the database only makes look-alikes of the edition's functions
+# in a schema of its own: pg_cron would run its idem_reap as the scheduling owner, who
+# is not under the store's row-level security, if the edition looked its own up by name.
+$node->safe_psql('postgres', q{
+  CREATE ROLE mallory LOGIN NOSUPERUSER;
+  GRANT CREATE ON DATABASE app TO mallory;});
+($ret, $out, $err) = IdemSqlOnly::psql_as($node, 'mallory', 'app', q{
+  CREATE SCHEMA m;
+  GRANT USAGE ON SCHEMA m TO PUBLIC;
+  CREATE TABLE m.loot AS SELECT * FROM idempotency.keys WITH NO DATA;
+  GRANT INSERT ON m.loot TO PUBLIC;
+  CREATE FUNCTION m.idem_schedule_reaping() RETURNS bigint LANGUAGE sql AS 'SELECT 0::bigint';
+  CREATE FUNCTION m.idem_reap(bigint) RETURNS bigint LANGUAGE sql
+    AS 'INSERT INTO m.loot SELECT * FROM idempotency.keys; SELECT 0::bigint';
+  GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA m TO PUBLIC;});
+is($ret, 0, 'app: mallory (CREATE on the database only) makes m.idem_schedule_reaping and m.idem_reap')
+  or diag($err);
+
 # The documented call, here every second so that the test is short.
 ($ret, $out, $err) = IdemSqlOnly::psql_as($node, 'app_owner', 'app', q{SELECT idem_schedule_reaping('1 seconds')});
 is($ret, 0, 'app: the database owner schedules idem_reap() with idem_schedule_reaping()')
   or die "nothing to wait for: $err";
+is($node->safe_psql('app', q{SELECT command FROM cron.job WHERE database = 'app'}),
+	'SELECT public.idem_reap(NULL::pg_catalog.int8)',
+	"app: the job runs this install's idem_reap, never mallory's");
 ($ret, $out, $err) = IdemSqlOnly::psql_as($node, 'app_owner', 'app', q{SELECT idempotency._install_notice()});
 like($err, qr/pg_cron job \d+ runs idem_reap\(\) in this database \(schedule "1 seconds"\)/,
 	'installing (or updating) now says the pg_cron job serves the database');
-# In "other" it says where and what to call, to a role that may read
-# cron.database_name (hosts' administrator roles may: pg_read_all_settings).
+# In "other", pg_cron is loaded but not created. A database owner that may not read
+# cron.database_name (a superuser-only setting) gets 55000 and both ways out.
+is(IdemSqlOnly::error_as($node, 'app_owner', 'other', q{SELECT idem_schedule_reaping('1 seconds')}),
+	'55000: pg_cron is not installed in this database',
+	'other, without pg_read_all_settings: idem_schedule_reaping() fails with 55000');
+($ret, $out, $err) = IdemSqlOnly::psql_as($node, 'app_owner', 'other', q{SELECT idem_schedule_reaping('1 seconds')});
+like($err, qr/HINT: +Where this server loads pg_cron, in the database its setting cron\.database_name names run: SELECT cron\.schedule_in_database\('idempotency-reap-other', '1 seconds', 'SELECT public\.idem_reap\(NULL::pg_catalog\.int8\)', 'other'\); Otherwise have an application job run SELECT public\.idem_reap/,
+	'... with the call to run in pg_cron\'s database, or the application job') or diag($err);
+# To a role that may read cron.database_name (hosts' administrator roles may:
+# pg_read_all_settings) it says where.
 $node->safe_psql('postgres', 'GRANT pg_read_all_settings TO app_owner');
 ($ret, $out, $err) = IdemSqlOnly::psql_as($node, 'app_owner', 'other', q{SELECT idem_schedule_reaping('1 seconds')});
 my ($hint) = $err =~ /HINT:\s+In database app run: (SELECT cron\.schedule_in_database\(.*\);)/;
@@ -102,6 +131,7 @@ for my $db ('app', 'other') {
 is($node->safe_psql('app', q{
   SELECT string_agg(username || ' ' || database, ',' ORDER BY database) FROM cron.job}),
 	'app_owner app,app_owner other', 'the jobs run as the owner, each in its database');
+is($node->safe_psql('app', q{SELECT count(*) FROM m.loot}), '0', "mallory's function never ran");
 is($node->safe_psql('app', q{
   SELECT count(*) > 0 AND bool_and(d.status = 'succeeded')
   FROM cron.job_run_details d WHERE d.status IN ('succeeded', 'failed')}),
