@@ -72,6 +72,12 @@ static bool is_stored_uuid(std::string_view stored) noexcept {
   return stored.size() == kStoredUuidBytes && stored[0] == '\0';
 }
 
+bool is_stored_random_uuid(std::string_view stored) noexcept {
+  if (!is_stored_uuid(stored)) return false;
+  auto uuid = reinterpret_cast<const unsigned char*>(stored.data() + 1);
+  return (uuid[6] >> 4) == 4 && (uuid[8] >> 6) == 2;
+}
+
 std::size_t load_key(std::string_view stored, char* out) noexcept {
   if (!is_stored_uuid(stored)) {
     std::memcpy(out, stored.data(), stored.size());

@@ -37,6 +37,10 @@ constexpr std::size_t kStoredUuidBytes = 1 + kUuidBytes;
 std::size_t store_key(std::string_view key, char* out) noexcept;
 // The stored form of a UUID's 16 bytes.
 void store_uuid(const unsigned char* uuid, char* out) noexcept;
+// Whether a stored key has the form of the ids idem_emit makes (a version-4, variant-10
+// UUID): random, so no other event anywhere shares one by chance. An application's own
+// ids (idem_derive's among them) may repeat.
+bool is_stored_random_uuid(std::string_view stored) noexcept;
 // Writes a key's characters from its stored form to `out` (room for kMaxKeyBytes);
 // returns their length.
 std::size_t load_key(std::string_view stored, char* out) noexcept;

@@ -20,7 +20,8 @@
 #   (s) one relay session claiming and acknowledging (acks go to the shards it was
 #       handed the events from), the shard of an event split in between;
 #   (i) one event id in two shards: an ack or dead letter from the claiming session, or
-#       from a fresh one, settles both;
+#       from a fresh one, settles both; so does the ack of one of two sessions each
+#       handed one of them;
 #   (v) a relay function inside a call Citus delegated: 0A000;
 #   (k) at the end nothing is pending, each event delivered once; amcheck on every
 #       shard of routed_outbox;
@@ -293,10 +294,14 @@ is(query(q{SELECT count(*) FROM idempotency.routed_outbox WHERE topic = 'concurr
 # ---------------------------------------------------------------------------------
 
 my $session = $coordinator->background_psql('postgres', extra_params => [ '-U', 'relay' ]);
-as_app(join("\n", map { "SELECT idem_emit('session', '{}', 'ss-$_', event_id => 'ss-$_', route => $_);" } 1 .. $accounts));
+# Ids made by idem_emit (random UUIDs), whose shards the session remembers.
+as_app(join("\n", map { "SELECT idem_emit('session', '{}', 'ss-$_', route => $_);" } 1 .. $accounts));
+my %ss = map { split /\|/ } split /\n/, query(q{
+	SELECT substr(aggregate, 4) || '|' || event_id FROM idempotency.routed_outbox WHERE topic = 'session'});
+my $ss_ids = sub { 'ARRAY[' . join(', ', map { "'$ss{$_}'" } @_) . ']::idem_key[]' };
 is($session->query_safe(q{SELECT count(*) FROM idem_outbox_claim('relay-s', 100, topics => '{session}')}),
 	$accounts, "(s) the session's relay takes $accounts events of every shard");
-is($session->query_safe(q{SELECT idem_outbox_ack('relay-s', ARRAY['ss-1', 'ss-2']::idem_key[])}), '2',
+is($session->query_safe('SELECT idem_outbox_ack(\'relay-s\', ' . $ss_ids->(1, 2) . ')'), '2',
 	'(s) its ack of two of them counts both');
 my ($split, $min, $max, $port) = split /\|/, query(q{
 	SELECT s.shardid || '|' || s.shardminvalue || '|' || s.shardmaxvalue || '|' || c.nodeport
@@ -308,9 +313,9 @@ query(sprintf(q{SELECT citus_split_shard_by_split_points(%d, ARRAY['%d'], ARRAY[
 	$split, int(($min + $max) / 2), $node_id{$port}, $node_id{$other}));
 isnt(query(q{SELECT get_shard_id_for_distribution_column('idempotency.routed_outbox', 3::bigint)}), $split,
 	'(s) the shard of account 3 split in two');
-is($session->query_safe(q{SELECT idem_outbox_ack('relay-s', (SELECT array_agg(('ss-' || a)::idem_key) FROM generate_series(3, 12) a))}),
+is($session->query_safe('SELECT idem_outbox_ack(\'relay-s\', ' . $ss_ids->(3 .. $accounts) . ')'),
 	$accounts - 2, '(s) the ack of the rest after the split counts every one, the split shard\'s too');
-is($session->query_safe(q{SELECT idem_outbox_ack('relay-s', ARRAY['ss-1', 'ss-3']::idem_key[])}), '0',
+is($session->query_safe('SELECT idem_outbox_ack(\'relay-s\', ' . $ss_ids->(1, 3) . ')'), '0',
 	'(s) acknowledged twice: nothing more');
 $session->quit;
 is(query(q{SELECT count(*) FROM idempotency.routed_outbox WHERE topic = 'session' AND state = 'd'}), $accounts,
@@ -344,10 +349,24 @@ is($claimer->query_safe(q{SELECT idem_outbox_dead('relay-d', ARRAY['dup-dead']::
 is($twice->('dup-dead-fresh'), '2', '(i) dup-dead-fresh: both claimed');
 is(as_relay(q{SELECT idem_outbox_dead('relay-d', ARRAY['dup-dead-fresh']::idem_key[], 'bad')}), '2',
 	'(i) the dead letter from a fresh session settles both');
+# Two sessions of the relay, each handed one of the two (one event a claim): the ack
+# from the first settles both, as on one node an ack settles every event of that id
+# leased to the relay; the second's late ack then finds nothing.
+my $other_claimer = $coordinator->background_psql('postgres', extra_params => [ '-U', 'relay' ]);
+as_app(qq{SELECT idem_emit('twice', '{}', event_id => 'dup-two', route => $d1);
+          SELECT idem_emit('twice', '{}', event_id => 'dup-two', route => $d2);});
+is($claimer->query_safe(q{SELECT count(*) FROM idem_outbox_claim('relay-d', 1, topics => '{twice}')})
+	 . ' ' . $other_claimer->query_safe(q{SELECT count(*) FROM idem_outbox_claim('relay-d', 1, topics => '{twice}')}),
+	'1 1', '(i) dup-two: each of two sessions of the relay is handed one');
+is($claimer->query_safe(q{SELECT idem_outbox_ack('relay-d', ARRAY['dup-two']::idem_key[])}), '2',
+	'(i) the first session\'s ack settles both');
+is($other_claimer->query_safe(q{SELECT idem_outbox_ack('relay-d', ARRAY['dup-two']::idem_key[])}), '0',
+	'(i) the second session\'s ack finds nothing left');
+$other_claimer->quit;
 is(query(q{SELECT string_agg(event_id::text || ':' || state::text, ',' ORDER BY event_id::text, state::text) FROM idempotency.routed_outbox
            WHERE topic = 'twice'}),
-	'dup-ack:d,dup-ack:d,dup-dead:x,dup-dead:x,dup-dead-fresh:x,dup-dead-fresh:x,dup-fresh:d,dup-fresh:d',
-	'(i) each of the eight events settled as asked');
+	'dup-ack:d,dup-ack:d,dup-dead:x,dup-dead:x,dup-dead-fresh:x,dup-dead-fresh:x,dup-fresh:d,dup-fresh:d,dup-two:d,dup-two:d',
+	'(i) each of the ten events settled as asked');
 # Relayed again and delivered, for (k).
 is(as_relay(q{SELECT idem_outbox_retry(ARRAY['dup-dead', 'dup-dead-fresh']::idem_key[])}), '4', '(i) retried');
 is($claimer->query_safe(q{SELECT count(*) FROM idem_outbox_claim('relay-d', 10, topics => '{twice}')}), '4',

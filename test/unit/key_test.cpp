@@ -173,6 +173,19 @@ TEST(StoreKey, StoreUuidMatchesStoreKey) {
   EXPECT_EQ(stored(loaded(s)), s);
 }
 
+// The ids idem_emit makes (version 4, variant 10) are told from every other key: other
+// versions and variants, a UUID's text in capitals, idem_derive's 32 hex digits.
+TEST(StoreKey, RandomUuidsAreToldApart) {
+  for (std::string id :
+       {"0a1b2c3d-4e5f-4789-abcd-ef0123456789", "0a1b2c3d-4e5f-4789-8bcd-ef0123456789"})
+    EXPECT_TRUE(is_stored_random_uuid(stored(id))) << id;
+  for (std::string id :
+       {"0a1b2c3d-4e5f-5789-abcd-ef0123456789", "0a1b2c3d-4e5f-4789-cbcd-ef0123456789",
+        "0a1b2c3d-4e5f-4789-7bcd-ef0123456789", "0A1B2C3D-4E5F-4789-ABCD-EF0123456789",
+        "0a1b2c3d4e5f4789abcdef0123456789", "order-1"})
+    EXPECT_FALSE(is_stored_random_uuid(stored(id))) << id;
+}
+
 // Stored keys order exactly as their characters do, whichever forms meet.
 TEST(CompareStoredKeys, FollowsTheCharacters) {
   std::vector<std::string> keys = {"0",

@@ -105,12 +105,14 @@ static Shards shards_of(Oid outbox) {
 }
 
 // An ack names events by id, and an id does not say its shard: the session that was
-// handed them out (a relay's loop) remembers their shards, so that its ack or dead
-// letter goes to those shards only. An id it does not know (claimed by another session,
-// or forgotten: at most kRemembered are kept, and a split makes new shards) goes to
-// every shard; so does one it was handed from more than one shard (the outbox's key is
-// the id and the route: an application that gives its own ids may reuse one with
-// another routing value), so that the ack settles each of them, as from any session.
+// handed them out (a relay's loop) remembers the shards of the ids idem_emit made
+// (random UUIDs: no other event has one), so that its ack or dead letter goes to those
+// shards only. Every other id goes to every shard, so that the ack settles each event
+// of that id leased to the relay, as from any session: one it does not know (claimed
+// by another session, or forgotten: at most kRemembered are kept, and a split makes
+// new shards), and an application's own id, which it may have given again with
+// another routing value (the outbox's key is the id and the route), perhaps to an
+// event another session of the relay was handed from another shard.
 constexpr long kRemembered = 16384;
 struct EventKey {
   uint32 length;
@@ -133,6 +135,8 @@ static EventKey event_key(Datum id) {
 }
 
 static void remember_shard(Datum id, int64 shardid) {
+  EventKey key = event_key(id);
+  if (!is_stored_random_uuid(std::string_view(key.bytes, key.length))) return;
   if (event_shards != nullptr && hash_get_num_entries(event_shards) >= kRemembered) {
     hash_destroy(event_shards);
     event_shards = nullptr;
@@ -145,7 +149,6 @@ static void remember_shard(Datum id, int64 shardid) {
     event_shards = hash_create("idempotency relay's event shards", 1024, &control,
                                HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
   }
-  EventKey key = event_key(id);
   bool known;
   auto entry = static_cast<EventShard*>(hash_search(event_shards, &key, HASH_ENTER, &known));
   entry->shardid = known && entry->shardid != shardid ? kEveryShard : shardid;
