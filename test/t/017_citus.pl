@@ -464,6 +464,32 @@ is($coordinator->safe_psql('postgres', q{
 	'20|job-100|job-119', '(l) idem_abandoned on the coordinator: the stale claims of every node');
 is($coordinator->safe_psql('postgres', q{SELECT count(*) FROM idem_abandoned('jobs', 5)}), '5',
 	'(l) at most max_rows of them');
+# A caller whose search_path puts look-alikes of what the coordinator's own queries
+# over the nodes use (Citus's function, the catalog, an aggregate, a set-returning
+# function) before pg_catalog: none of them runs, the answers are the same (issue 50).
+$coordinator->safe_psql('postgres', q{
+  SET citus.enable_ddl_propagation = off;
+  CREATE SCHEMA shadow;
+  CREATE FUNCTION shadow.fail(what text) RETURNS boolean LANGUAGE plpgsql
+    AS $$BEGIN RAISE EXCEPTION 'shadow % ran', what; END$$;
+  CREATE FUNCTION shadow.run_command_on_all_nodes(command text, parallel boolean DEFAULT true,
+      give_warning_for_connection_errors boolean DEFAULT false,
+      OUT nodeid integer, OUT success boolean, OUT result text) RETURNS SETOF record
+    LANGUAGE sql AS $$SELECT 0, shadow.fail('run_command_on_all_nodes'), ''$$;
+  CREATE FUNCTION shadow.json_to_recordset(json) RETURNS SETOF record LANGUAGE plpgsql
+    AS $$BEGIN PERFORM shadow.fail('json_to_recordset'); END$$;
+  CREATE FUNCTION shadow.sum_step(numeric, bigint) RETURNS numeric LANGUAGE sql
+    AS $$SELECT 0 WHERE shadow.fail('sum')$$;
+  CREATE AGGREGATE shadow.sum(bigint) (sfunc = shadow.sum_step, stype = numeric);
+  CREATE VIEW shadow.pg_dist_node AS SELECT * FROM pg_catalog.pg_dist_node WHERE shadow.fail('pg_dist_node');});
+is($coordinator->safe_psql('postgres', q{
+		SET search_path = shadow, pg_catalog, public;
+		SELECT count(*) FROM public.idem_abandoned('jobs', 100);
+		SELECT keys_total > 0 FROM public.idem_stats()}),
+	"20\nt", '(l) idem_abandoned and idem_stats on the coordinator under a hostile search_path');
+$coordinator->safe_psql('postgres', q{
+  SET citus.enable_ddl_propagation = off;
+  DROP SCHEMA shadow CASCADE;});
 my $on_workers = 0;
 $on_workers += $_->safe_psql('postgres', q{SELECT count(*) FROM idem_abandoned('jobs', 100)}) for @workers;
 is($on_workers, 20, '(l) on the workers, each its own shards\' ones');

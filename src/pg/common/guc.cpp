@@ -48,4 +48,13 @@ void define_settings() {
   MarkGUCPrefixReserved("idempotency");
 }
 
+int pin_search_path() {
+  int level = NewGUCNestLevel();
+  (void)set_config_option("search_path", "pg_catalog, pg_temp", PGC_USERSET, PGC_S_SESSION,
+                          GUC_ACTION_SAVE, true, 0, false);
+  return level;
+}
+
+void restore_search_path(int level) { AtEOXact_GUC(true, level); }
+
 }  // namespace idempotency

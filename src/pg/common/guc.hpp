@@ -18,4 +18,11 @@ extern Settings settings;
 
 void define_settings();
 
+// SQL the extension writes and runs through SPI resolves its names with search_path
+// = pg_catalog, pg_temp, never the caller's, which could put another role's function,
+// operator or relation first. pin_search_path returns the GUC nest level to give
+// restore_search_path; an error unwinds it with the (sub)transaction.
+int pin_search_path();
+void restore_search_path(int level);
+
 }  // namespace idempotency

@@ -6,6 +6,7 @@
 #include "pg/citus/citus_forward.hpp"
 #include "pg/citus/citus_meta.hpp"
 #include "pg/common/errors.hpp"
+#include "pg/common/guc.hpp"
 
 extern "C" {
 #include "catalog/pg_collation.h"
@@ -92,7 +93,8 @@ static void abandoned_in_cluster(FunctionCallInfo fcinfo, text* scope, int32 max
   const char* schema =
       quote_identifier(get_namespace_name(get_func_namespace(fcinfo->flinfo->fn_oid)));
   const char* per_node = psprintf(
-      "SELECT coalesce(json_agg(a), '[]') FROM %s.idem_abandoned(%s, %d, node_only => true) a",
+      "SELECT coalesce(pg_catalog.json_agg(a), '[]') "
+      "FROM %s.idem_abandoned(%s, %d, node_only => true) a",
       schema, scope == nullptr ? "NULL" : quote_literal_cstr(text_to_cstring(scope)), max_rows);
   const char* query = psprintf(
       "SELECT a.scope, a.key::%s.idem_key, a.attempt, a.checkpoint, a.checkpoint_data, "
@@ -107,8 +109,10 @@ static void abandoned_in_cluster(FunctionCallInfo fcinfo, text* scope, int32 max
   Oid type = TEXTOID;
   Datum argument = CStringGetTextDatum(per_node);
   SPI_connect();
+  int level = pin_search_path();
   if (SPI_execute_with_args(query, 1, &type, &argument, nullptr, true, 0) != SPI_OK_SELECT)
     elog(ERROR, "idem_abandoned could not ask the nodes");
+  restore_search_path(level);
   int32 returned = 0;
   for (uint64 i = 0; i < SPI_processed; i++) {
     Datum values[9];

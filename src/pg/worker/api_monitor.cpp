@@ -186,8 +186,10 @@ static Datum cluster_stats(FunctionCallInfo fcinfo, ReturnSetInfo* rsinfo) {
               : "",
       schema);
   SPI_connect();
+  int level = pin_search_path();
   if (SPI_execute(query, true, 1) != SPI_OK_SELECT || SPI_processed != 1)
     elog(ERROR, "idem_stats could not read idem_node_stats()");
+  restore_search_path(level);
   Datum values[kColumns];
   bool nulls[kColumns];
   heap_deform_tuple(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, values, nulls);
