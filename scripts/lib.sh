@@ -30,7 +30,8 @@ export LANG=C.UTF-8 LC_ALL=C.UTF-8
 # the JDK with JDBC, Go with lib/pq, and npm (node-postgres) for the clients of
 # examples/clients and test/t/021_clients.pl; FastAPI, Starlette and uvicorn for the
 # Python middleware (middleware/python, test/t/029_middleware.pl; its Express app comes
-# from npm).
+# from npm); Debian's Go packages for the relay (relay/: AMQP, NATS, Prometheus) and
+# nats-server for its test (test/t/033_relay.pl).
 REQUIRED_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libssl-dev
                    g++ make cmake libgtest-dev libipc-run-perl perl clang libclang-rt-14-dev
                    python3 python3-psycopg python3-psycopg-pool pgbouncer sqlsmith git
@@ -38,7 +39,11 @@ REQUIRED_PACKAGES=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 l
                    prometheus-postgres-exporter prometheus debhelper dpkg-dev build-essential
                    postgresql-server-dev-all
                    openjdk-17-jdk-headless libpostgresql-jdbc-java golang-go
-                   golang-github-lib-pq-dev python3-fastapi python3-starlette python3-uvicorn)
+                   golang-github-lib-pq-dev python3-fastapi python3-starlette python3-uvicorn
+                   libjakarta-servlet-api-java libjackson2-databind-java libtomcat10-embed-java
+                   libjakarta-annotation-api-java
+                   golang-github-rabbitmq-amqp091-go-dev golang-github-nats-io-go-nats-dev
+                   golang-github-prometheus-client-golang-dev nats-server)
 # Debian's nodejs comes without npm; NodeSource's bundles it and conflicts with
 # Debian's npm package. So Debian's npm only where there is no npm.
 command -v npm >/dev/null 2>&1 || REQUIRED_PACKAGES+=(npm)

@@ -13,8 +13,9 @@ CREATE PROCEDURE http_create_payment(p_key idem_key, p_account bigint, p_amount 
 LANGUAGE plpgsql AS $$
 DECLARE c idem_claim_result; payment_id bigint; payment jsonb;
 BEGIN
-  -- Its own scope: its stored responses have another shape than create_payment's.
-  c := idem_claim('POST /payments', p_key,
+  -- Its own scope: its stored responses have another shape than create_payment's, and
+  -- than the middleware's, whose default scope for this route is 'POST /payments'.
+  c := idem_claim('payments-service POST /payments', p_key,
                   idem_fingerprint(jsonb_build_object('account', p_account, 'amount', p_amount)));
   outcome := c.outcome;
   expires_at := c.expires_at;   -- NULL while another attempt's claim is not written yet
@@ -26,5 +27,5 @@ BEGIN
   response := jsonb_build_object('status', 201,
                                  'headers', jsonb_build_object('Location', '/payments/' || payment_id),
                                  'body', payment);
-  PERFORM idem_complete('POST /payments', p_key, response);
+  PERFORM idem_complete('payments-service POST /payments', p_key, response);
 END $$;

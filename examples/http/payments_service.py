@@ -45,7 +45,7 @@ pool = ConnectionPool(os.environ.get("DATABASE_URL", ""), min_size=1,
                       max_size=int(os.environ.get("POOL_SIZE", "8")), open=False,
                       kwargs={"options": f"-c statement_timeout={round(REQUEST_TIMEOUT * 1000)}"})
 
-SCOPE = "POST /payments"  # as in payments.sql
+SCOPE = "payments-service POST /payments"  # as in payments.sql
 # Problem types are sections of the API's documentation; this is the draft's example
 # address, for a deployment to replace with its own.
 DOCS = "https://developer.example.com/idempotency"

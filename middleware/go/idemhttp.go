@@ -39,6 +39,9 @@ type Options struct {
 	TTL, Wait     time.Duration // 0: the server's idempotency.default_ttl, wait_timeout
 	StoredHeaders []string      // default: Content-Type, Location
 	IsFinal       func(status int) bool
+	// The largest response body held back, in bytes; 0: the server's
+	// idempotency.max_response_size (and never more than that).
+	MaxResponseSize int64
 }
 
 // Claim is what the handler gets from FromContext.
@@ -51,6 +54,7 @@ type Claim struct {
 	db             *sql.DB
 	lease          bool
 	checkpointed   bool
+	limit          int64 // the largest body kept, in bytes
 }
 
 type contextKey struct{}
@@ -93,18 +97,24 @@ func FinalError(status int) bool {
 	return status >= 400 && status < 500
 }
 
+// The server's idempotency.max_response_size in bytes (the SQL-only edition may leave
+// it unset: its default then), read with the claim: no round trip of its own.
+const limitSQL = `pg_size_bytes(coalesce(current_setting('idempotency.max_response_size', true), '1MB'))`
+
 const claimSQL = `SELECT outcome, response, attempt, checkpoint, checkpoint_data,
-    ceil(extract(epoch FROM retry_after))::int
+    ceil(extract(epoch FROM retry_after))::int, ` + limitSQL + `
   FROM idem_claim($1, $2::idem_key, $3, $4::interval, $5::interval, $6::interval)`
 
 // Errors that say "come back later", answered 409 with Retry-After, never retried inside
 // the request (a retry would run the handler again): a wait that ran out, a
 // serialization failure or deadlock, a lock timeout, a lease holder fenced out.
 var busyStates = map[string]bool{"IK003": true, "IK005": true, "40001": true, "40P01": true, "55P03": true}
-var statusOf = map[string]int{"IK001": 422, "22P02": 400, "54000": 413, "57014": 503, "25006": 503, "IK006": 503}
+var statusOf = map[string]int{"IK001": 422, "22P02": 400, "57014": 503, "25006": 503, "IK006": 503}
 
-// The Idempotency-Key field: one Structured Field String (RFC 8941), optionally with
-// parameters, which are checked and ignored.
+// The Idempotency-Key field: the IETF draft's Structured Field String (RFC 8941),
+// optionally with parameters, which are checked and ignored, or a bare key as most
+// clients send it. The same rules, and the same messages, in every language's
+// middleware (docs/middleware.md, "The key").
 const sfChars = `(?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*`
 
 var field = regexp.MustCompile(`^"(` + sfChars + `)"(?:;[ ]*[a-z*][a-z0-9_.*-]*(?:=(?:"` + sfChars +
@@ -114,16 +124,39 @@ var unescape = regexp.MustCompile(`\\(.)`)
 // ParseKey gives the key in the field's values, or an error that says what is wrong.
 func ParseKey(values []string) (string, error) {
 	if len(values) != 1 {
-		return "", errors.New("more than one Idempotency-Key field")
+		return "", errors.New("more than one Idempotency-Key field: send one")
 	}
-	m := field.FindStringSubmatch(strings.Trim(values[0], " \t"))
-	if m == nil {
-		return "", errors.New(`the key must be one Structured Field String, in double quotes: ` +
-			`Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`)
+	text := strings.Trim(values[0], " \t")
+	if text == "" {
+		return "", errors.New("the Idempotency-Key field is empty")
 	}
-	key := unescape.ReplaceAllString(m[1], "$1")
-	if len(key) < 1 || len(key) > 255 || strings.Contains(key, " ") {
-		return "", errors.New("the key must be 1 to 255 visible ASCII characters, without spaces")
+	var key string
+	if strings.HasPrefix(text, `"`) {
+		m := field.FindStringSubmatch(text)
+		if m == nil {
+			return "", errors.New(`the key starts with a double quote but is not one Structured Field String: ` +
+				`a closing quote, \" and \\ the only escapes, nothing after it but parameters (;name=value)`)
+		}
+		key = unescape.ReplaceAllString(m[1], "$1")
+	} else {
+		key = text
+		if i := strings.IndexByte(key, '"'); i >= 0 {
+			return "", fmt.Errorf(`a bare key cannot hold a double quote (at position %d): `+
+				`send it as a Structured Field String, "...", with \" for the quote`, i+1)
+		}
+	}
+	// An idem_key: 1 to 255 visible ASCII characters (positions count bytes, as the
+	// other languages count the field's characters).
+	if key == "" {
+		return "", errors.New("the key is empty: 1 to 255 visible ASCII characters")
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x21 || key[i] > 0x7e {
+			return "", fmt.Errorf("the key has a character that is not visible ASCII (0x21 to 0x7E) at position %d", i+1)
+		}
+	}
+	if len(key) > 255 {
+		return "", fmt.Errorf("the key is %d characters long: at most 255", len(key))
 	}
 	return key, nil
 }
@@ -144,9 +177,11 @@ func Middleware(o Options) func(http.Handler) http.Handler {
 }
 
 type answer struct {
-	status int
-	header http.Header
-	body   []byte
+	status    int
+	header    http.Header
+	body      []byte
+	notStored string // why the handler's response was not kept: "too-large", "stored-too-large", "streamed"
+	limit     int64  // the limit it was held to
 }
 
 func (o Options) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -181,6 +216,8 @@ func (o Options) serve(w http.ResponseWriter, r *http.Request, next http.Handler
 	}
 	if err != nil {
 		a = databaseError(err)
+	} else if a.notStored != "" {
+		a = notStoredAnswer(a.notStored, a.limit)
 	}
 	send(w, a)
 }
@@ -192,7 +229,7 @@ func (o Options) claim(ctx context.Context, tx *sql.Tx, c *Claim, fingerprint []
 	var attempt sql.NullInt64
 	err := tx.QueryRowContext(ctx, claimSQL, c.Scope, c.Key, fingerprint, interval(o.TTL),
 		interval(o.Lease), interval(o.Wait)).Scan(&outcome, &response, &attempt, &c.Checkpoint,
-		&c.CheckpointData, &retryAfter)
+		&c.CheckpointData, &retryAfter, &c.limit)
 	if err != nil {
 		return nil, err
 	}
@@ -224,8 +261,10 @@ func (o Options) inTransaction(r *http.Request, next http.Handler, c *Claim, fin
 			}
 			return a, err
 		}
+	} else if err := tx.QueryRowContext(ctx, `SELECT `+limitSQL).Scan(&c.limit); err != nil {
+		return nil, err
 	}
-	a := run(r, next, c)
+	a := run(r, next, c, o.limit(c))
 	keep, err := o.finish(ctx, c, a, nil)
 	if err != nil || !keep {
 		return a, err // rolled back: the claim and the handler's writes are gone
@@ -265,7 +304,7 @@ func (o Options) withLease(r *http.Request, next http.Handler, c *Claim, fingerp
 		return nil, err
 	}
 	defer c.Tx.Rollback()
-	a = run(r, next, c)
+	a = run(r, next, c, o.limit(c))
 	keep, err := o.finish(ctx, c, a, c.Attempt)
 	if err != nil || !keep {
 		return a, err
@@ -278,6 +317,9 @@ func (o Options) withLease(r *http.Request, next http.Handler, c *Claim, fingerp
 
 // finish stores the response; false if it is not to be kept (roll back).
 func (o Options) finish(ctx context.Context, c *Claim, a *answer, attempt any) (bool, error) {
+	if a.notStored != "" {
+		return false, nil
+	}
 	if c.Key == "" {
 		return a.status < 500, nil
 	}
@@ -306,14 +348,33 @@ func (o Options) finish(ctx context.Context, c *Claim, a *answer, attempt any) (
 		return false, err
 	}
 	_, err = c.Tx.ExecContext(ctx, `SELECT `+fn+`($1, $2::idem_key, $3::jsonb, $4)`, c.Scope, c.Key, string(payload), attempt)
+	var withState interface{ SQLState() string }
+	if errors.As(err, &withState) && withState.SQLState() == "54000" {
+		// The stored document (the body escaped or in base64, the headers) over the
+		// server's limit: the same rule as a body over it. The caller rolls back.
+		a.notStored = "stored-too-large"
+		return false, nil
+	}
 	return err == nil, err
 }
 
-// recorder holds the handler's response back until the transaction commits.
+// limit is the largest body held back for this claim.
+func (o Options) limit(c *Claim) int64 {
+	if o.MaxResponseSize > 0 && o.MaxResponseSize < c.limit {
+		return o.MaxResponseSize
+	}
+	return c.limit
+}
+
+// recorder holds the handler's response back until the transaction commits. A body
+// over the limit, or a flushed one (streamed), is not kept: its bytes are dropped as
+// they come, and notStored says why.
 type recorder struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
+	header    http.Header
+	status    int
+	body      bytes.Buffer
+	limit     int64
+	notStored string
 }
 
 func (r *recorder) Header() http.Header { return r.header }
@@ -324,12 +385,28 @@ func (r *recorder) WriteHeader(status int) {
 }
 func (r *recorder) Write(b []byte) (int, error) {
 	r.WriteHeader(http.StatusOK)
+	if r.notStored != "" {
+		return len(b), nil
+	}
+	if int64(r.body.Len())+int64(len(b)) > r.limit {
+		r.notStored = "too-large"
+		r.body = bytes.Buffer{}
+		return len(b), nil
+	}
 	return r.body.Write(b)
 }
 
+// Flush is a handler's way to stream (http.Flusher).
+func (r *recorder) Flush() {
+	if r.notStored == "" {
+		r.notStored = "streamed"
+		r.body = bytes.Buffer{}
+	}
+}
+
 // run calls the handler; a panic is its failure: 500, and the transaction rolls back.
-func run(r *http.Request, next http.Handler, c *Claim) (a *answer) {
-	rec := &recorder{header: http.Header{}}
+func run(r *http.Request, next http.Handler, c *Claim, limit int64) (a *answer) {
+	rec := &recorder{header: http.Header{}, limit: limit}
 	defer func() {
 		if p := recover(); p != nil {
 			log.Printf("idemhttp: the handler panicked: %v", p)
@@ -338,7 +415,7 @@ func run(r *http.Request, next http.Handler, c *Claim) (a *answer) {
 	}()
 	next.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), contextKey{}, c)))
 	rec.WriteHeader(http.StatusOK)
-	return &answer{rec.status, rec.header, rec.body.Bytes()}
+	return &answer{rec.status, rec.header, rec.body.Bytes(), rec.notStored, limit}
 }
 
 func stored(response []byte) (*answer, error) {
@@ -398,7 +475,24 @@ func databaseError(err error) *answer {
 // problem is a JSON error (RFC 9457 shape).
 func problem(status int, kind, title, detail string) *answer {
 	body, _ := json.Marshal(map[string]any{"type": "about:blank#" + kind, "title": title, "status": status, "detail": detail})
-	return &answer{status, http.Header{"Content-Type": {"application/problem+json"}}, body}
+	return &answer{status: status, header: http.Header{"Content-Type": {"application/problem+json"}}, body: body}
+}
+
+// notStoredAnswer is the rule for a response too large to store, or streamed: not
+// stored, its work rolled back, 500 with Idempotent-Not-Stored saying why.
+func notStoredAnswer(reason string, limit int64) *answer {
+	detail := "the response was streamed, and a response is held back until its transaction commits"
+	switch reason {
+	case "too-large":
+		detail = fmt.Sprintf("the response is larger than idempotency.max_response_size (%d bytes)", limit)
+	case "stored-too-large":
+		detail = "the response as stored (its body escaped or in base64, and its headers) " +
+			"is larger than idempotency.max_response_size"
+	}
+	a := problem(500, "response-not-stored", "The response could not be stored",
+		detail+": it was not stored, and the request's work was rolled back")
+	a.header.Set("Idempotent-Not-Stored", strings.TrimPrefix(reason, "stored-"))
+	return a
 }
 
 func send(w http.ResponseWriter, a *answer) {

@@ -15,8 +15,11 @@
 'use strict';
 const { requestFingerprint } = require('./fingerprint');
 
+// The server's idempotency.max_response_size in bytes (the SQL-only edition may leave
+// it unset: its default then), read with the claim: no round trip of its own.
+const LIMIT = "pg_size_bytes(coalesce(current_setting('idempotency.max_response_size', true), '1MB'))";
 const CLAIM = `SELECT outcome, response, attempt, checkpoint, checkpoint_data,
-    ceil(extract(epoch FROM retry_after))::int AS retry_after
+    ceil(extract(epoch FROM retry_after))::int AS retry_after, ${LIMIT} AS max_response_size
   FROM idem_claim($1, $2::idem_key, $3, $4::interval, $5::interval, $6::interval)`;
 
 // Errors that say "come back later": a wait that ran out (IK005), a serialization
@@ -25,29 +28,48 @@ const CLAIM = `SELECT outcome, response, attempt, checkpoint, checkpoint_data,
 // are answered 409 with Retry-After, never retried inside the request: a retry would run
 // the handler again.
 const BUSY = new Set(['IK003', 'IK005', '40001', '40P01', '55P03']);
-const STATUS = { IK001: 422, '22P02': 400, '54000': 413, '57014': 503, '25006': 503, IK006: 503 };
+const STATUS = { IK001: 422, '22P02': 400, '57014': 503, '25006': 503, IK006: 503 };
 
-// The Idempotency-Key field (draft-ietf-httpapi-idempotency-key-header): one Structured
-// Field String (RFC 8941), optionally with parameters, which are checked and ignored.
+// The Idempotency-Key field: the IETF draft's Structured Field String (RFC 8941),
+// optionally with parameters, which are checked and ignored, or a bare key as most
+// clients send it. The same rules, and the same messages, in every language's
+// middleware (docs/middleware.md, "The key").
 const CHARS = String.raw`(?:[\x20\x21\x23-\x5b\x5d-\x7e]|\\["\\])*`;
 const FIELD = new RegExp(
   String.raw`^"(${CHARS})"(?:;[ ]*[a-z*][a-z0-9_.*-]*(?:=(?:"${CHARS}"|[A-Za-z0-9*:?.+/=!#$%&'^_\x60|~-]+))?)*$`);
 
 class MalformedKey extends Error {}
 
-// The key in the field's values (one string per field line).
+// The key in the field's values (one string per field line; Node.js gives each byte as
+// one character).
 function parseIdempotencyKey(values) {
-  if (values.length !== 1) throw new MalformedKey('more than one Idempotency-Key field');
-  const match = FIELD.exec(values[0].replace(/^[ \t]+|[ \t]+$/g, ''));
-  if (!match) {
-    throw new MalformedKey('the key must be one Structured Field String, in double quotes: ' +
-      'Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"');
+  if (values.length !== 1) throw new MalformedKey('more than one Idempotency-Key field: send one');
+  const text = values[0].replace(/^[ \t]+|[ \t]+$/g, '');
+  if (text === '') throw new MalformedKey('the Idempotency-Key field is empty');
+  let key;
+  if (text.startsWith('"')) {
+    const match = FIELD.exec(text);
+    if (!match) {
+      throw new MalformedKey('the key starts with a double quote but is not one Structured Field String: ' +
+        'a closing quote, \\" and \\\\ the only escapes, nothing after it but parameters (;name=value)');
+    }
+    key = match[1].replace(/\\(.)/g, '$1');
+  } else {
+    key = text;
+    if (key.includes('"')) {
+      throw new MalformedKey(`a bare key cannot hold a double quote (at position ${key.indexOf('"') + 1}): ` +
+        'send it as a Structured Field String, "...", with \\" for the quote');
+    }
   }
-  const key = match[1].replace(/\\(.)/g, '$1');
-  // An idem_key: 1 to 255 visible ASCII characters (a String may hold spaces).
-  if (key.length < 1 || key.length > 255 || key.includes(' ')) {
-    throw new MalformedKey('the key must be 1 to 255 visible ASCII characters, without spaces');
+  // An idem_key: 1 to 255 visible ASCII characters.
+  if (key === '') throw new MalformedKey('the key is empty: 1 to 255 visible ASCII characters');
+  for (let i = 0; i < key.length; i++) {
+    const c = key.charCodeAt(i);
+    if (c < 0x21 || c > 0x7e) {
+      throw new MalformedKey(`the key has a character that is not visible ASCII (0x21 to 0x7E) at position ${i + 1}`);
+    }
   }
+  if (key.length > 255) throw new MalformedKey(`the key is ${key.length} characters long: at most 255`);
   return key;
 }
 
@@ -61,9 +83,11 @@ function finalError(status) {
 // (default "METHOD /route/path"), lease (an interval, e.g. '60 seconds': lease mode),
 // ttl and wait (intervals; default the server's settings), storedHeaders (the response
 // headers stored and replayed), isFinal(status) (which error responses are stored rather
-// than rolled back).
+// than rolled back), maxResponseSize (the largest response body held back, in bytes;
+// default, and never more than, the server's idempotency.max_response_size).
 function idempotency(options) {
   const { pool, required = true, lease = null, ttl = null, wait = null, isFinal = finalError } = options;
+  const maxResponseSize = options.maxResponseSize ?? Infinity;
   const storedHeaders = (options.storedHeaders ?? ['content-type', 'location']).map((h) => h.toLowerCase());
   if (!pool) throw new TypeError('idempotency: a pg Pool is required');
 
@@ -116,6 +140,7 @@ function idempotency(options) {
     if (row.outcome === 'in_progress') return busy(row.retry_after);
     if (row.outcome !== 'claimed') throw new Error(`idem_claim answered ${row.outcome} to a fresh transaction`);
     Object.assign(state, { attempt: row.attempt, checkpoint: row.checkpoint, checkpointData: row.checkpoint_data });
+    state.limit = Math.min(Number(row.max_response_size), maxResponseSize);
     return null;
   }
 
@@ -128,8 +153,11 @@ function idempotency(options) {
         await client.query('COMMIT');
         return answer;
       }
+    } else {
+      const { rows: [row] } = await client.query(`SELECT ${LIMIT} AS max_response_size`);
+      state.limit = Math.min(Number(row.max_response_size), maxResponseSize);
     }
-    const captured = await run(req, res, next);
+    const captured = await run(req, res, next, state.limit);
     // Not kept: ROLLBACK takes the claim and the handler's writes away.
     await client.query((await finish(client, state, captured, null)) ? 'COMMIT' : 'ROLLBACK');
     return captured;
@@ -145,7 +173,7 @@ function idempotency(options) {
     let finished = false;
     try {
       await client.query('BEGIN');
-      const captured = await run(req, res, next);
+      const captured = await run(req, res, next, state.limit);
       finished = await finish(client, state, captured, state.attempt);
       await client.query(finished ? 'COMMIT' : 'ROLLBACK');
       return captured;
@@ -163,6 +191,7 @@ function idempotency(options) {
 
   // Stores the response; false if it is not to be kept (roll back).
   async function finish(client, state, captured, attempt) {
+    if (captured.notStored) return false;
     if (state.key === null) return captured.status < 500;
     let fn;
     if (captured.status < 400) fn = 'idem_complete';
@@ -177,8 +206,16 @@ function idempotency(options) {
     // jsonb holds valid UTF-8 without U+0000; anything else is stored as base64.
     if (Buffer.from(text, 'utf8').equals(captured.body) && !text.includes('\0')) response.body = text;
     else response.body_base64 = captured.body.toString('base64');
-    await client.query(`SELECT ${fn}($1, $2::idem_key, $3::jsonb, $4)`,
-      [state.scope, state.key, JSON.stringify(response), attempt]);
+    try {
+      await client.query(`SELECT ${fn}($1, $2::idem_key, $3::jsonb, $4)`,
+        [state.scope, state.key, JSON.stringify(response), attempt]);
+    } catch (e) {
+      // The stored document (the body escaped or in base64, the headers) over the
+      // server's limit: the same rule as a body over it. The caller rolls back.
+      if (e.code !== '54000') throw e;
+      captured.notStored = 'stored-too-large';
+      return false;
+    }
     return true;
   }
 }
@@ -199,13 +236,30 @@ async function saveCheckpoint(pool, state, lease, point, data) {
 
 // Runs the rest of the route with the response held back: resolves with what the
 // handler sent once it ends the response. An error the handler throws reaches Express's
-// error handling (Express 5 catches async handlers), whose 500 is captured the same way.
-function run(req, res, next) {
+// error handling, whose 500 is captured the same way (on Express 4 too: see
+// catchRejections). A body over LIMIT bytes, or one written before the end (res.write,
+// res.flushHeaders: streamed), is not kept: its bytes are dropped as they come, and
+// notStored says why.
+function run(req, res, next, limit) {
   const chunks = [];
-  const saved = { writeHead: res.writeHead, write: res.write, end: res.end };
+  let size = 0;
+  let notStored = null;
+  const saved = { writeHead: res.writeHead, write: res.write, end: res.end, flushHeaders: res.flushHeaders };
   return new Promise((resolve) => {
     const add = (chunk, encoding) => {
-      if (chunk && typeof chunk !== 'function') chunks.push(Buffer.from(chunk, typeof encoding === 'string' ? encoding : 'utf8'));
+      if (!chunk || typeof chunk === 'function' || notStored) return;
+      const buffer = Buffer.from(chunk, typeof encoding === 'string' ? encoding : 'utf8');
+      size += buffer.length;
+      if (size > limit) {
+        notStored = 'too-large';
+        chunks.length = 0;
+      } else {
+        chunks.push(buffer);
+      }
+    };
+    const streamed = () => {
+      if (!notStored) notStored = 'streamed';
+      chunks.length = 0;
     };
     res.writeHead = (status, reason, headers) => {
       res.statusCode = status;
@@ -214,18 +268,40 @@ function run(req, res, next) {
       }
       return res;
     };
-    res.write = (chunk, encoding) => {
-      add(chunk, encoding);
+    res.flushHeaders = streamed;
+    res.write = (chunk, encoding, callback) => {
+      streamed();
+      for (const f of [encoding, callback]) if (typeof f === 'function') process.nextTick(f);
       return true;
     };
     res.end = (chunk, encoding) => {
       add(chunk, encoding);
       Object.assign(res, saved); // the real ones again, to send
-      resolve({ status: res.statusCode, headers: res.getHeaders(), body: Buffer.concat(chunks), captured: true });
+      resolve({ status: res.statusCode, headers: res.getHeaders(), body: Buffer.concat(chunks), captured: true, notStored, limit });
       return res;
     };
+    catchRejections(req);
     next();
   });
+}
+
+// Express 5 passes a rejected async handler's error to next(); Express 4 does not, and
+// the request would hang with its transaction open. So the route's handlers after this
+// middleware get that from a wrapper (once; its result is not returned, so Express 5
+// does not pass the error twice).
+const WRAPPED = Symbol('idempotency: rejections caught');
+function catchRejections(req) {
+  const stack = req.route?.stack ?? [];
+  for (const layer of stack) {
+    const handle = layer.handle;
+    if (typeof handle !== 'function' || handle.length > 3 || handle[WRAPPED]) continue;
+    const wrapped = function (req, res, next) {
+      const result = handle.call(this, req, res, next);
+      if (result && typeof result.then === 'function') result.then(undefined, next);
+    };
+    wrapped[WRAPPED] = true;
+    layer.handle = wrapped;
+  }
 }
 
 function readBody(req) {
@@ -276,6 +352,20 @@ function databaseError(e) {
   return problem(status, 'database', 'The request could not be served', status === 500 ? 'internal error' : e.message);
 }
 
+// The rule for a response too large to store, or streamed: not stored, its work rolled
+// back, 500 with Idempotent-Not-Stored saying why.
+function notStoredAnswer(reason, limit) {
+  const detail = {
+    'too-large': `the response is larger than idempotency.max_response_size (${limit} bytes)`,
+    'stored-too-large': 'the response as stored (its body escaped or in base64, and its headers) ' +
+      'is larger than idempotency.max_response_size',
+    streamed: 'the response was streamed, and a response is held back until its transaction commits',
+  }[reason];
+  return problem(500, 'response-not-stored', 'The response could not be stored',
+    `${detail}: it was not stored, and the request's work was rolled back`,
+    { 'idempotent-not-stored': reason.replace(/^stored-/, '') });
+}
+
 // A JSON error (RFC 9457 shape).
 function problem(status, kind, title, detail, headers = {}) {
   const body = Buffer.from(JSON.stringify({ type: `about:blank#${kind}`, title, status, detail }));
@@ -285,6 +375,7 @@ function problem(status, kind, title, detail, headers = {}) {
 // Sends an answer. A captured response still has the handler's headers on res; any
 // other answer replaces them.
 function reply(res, answer) {
+  if (answer.notStored) answer = notStoredAnswer(answer.notStored, answer.limit);
   if (!answer.captured) {
     for (const name of res.getHeaderNames()) res.removeHeader(name);
     res.setHeader('content-type', 'application/json');

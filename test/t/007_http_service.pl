@@ -90,7 +90,7 @@ sub payments { return $node->safe_psql('postgres', 'SELECT count(*) FROM payment
 sub key_state {
 	my ($key) = @_;
 	return $node->safe_psql('postgres',
-		"SELECT state FROM idem_lookup('POST /payments', \$k\$$key\$k\$)");
+		"SELECT state FROM idem_lookup('payments-service POST /payments', \$k\$$key\$k\$)");
 }
 
 # An RFC 9457 problem of the given status, whose type is the given section of the
@@ -157,7 +157,7 @@ is(payments(), 1, 'one payment for two requests');
 my $expires = http_date($first->{headers}{'idempotency-key-expires'});
 is( $expires,
 	$node->safe_psql('postgres',
-		q{SELECT floor(extract(epoch FROM expires_at))::bigint FROM idem_lookup('POST /payments', 'order-1')}),
+		q{SELECT floor(extract(epoch FROM expires_at))::bigint FROM idem_lookup('payments-service POST /payments', 'order-1')}),
 	'Idempotency-Key-Expires is an HTTP-date: when the key is forgotten');
 my $window = $expires - (http_date($first->{headers}{date}) // 0);
 ok($window > 86400 - 60 && $window <= 86400,
@@ -225,7 +225,7 @@ is_problem(read_response(send_request(path => '/refunds', keys => ['"order-2"'],
 is_problem(read_response(send_request(method => 'GET', path => '/payments')),
 	501, 'about:blank', 'another method');
 is(payments(), 2, 'no payment from refused requests');
-is($node->safe_psql('postgres', q{SELECT count(*) FROM idem_lookup('POST /payments', 'order-7')}),
+is($node->safe_psql('postgres', q{SELECT count(*) FROM idem_lookup('payments-service POST /payments', 'order-7')}),
 	'0', 'and no key');
 
 # Amounts with a fraction are numeric, not float, all the way to the table.
@@ -280,7 +280,7 @@ ok(($meanwhile->{headers}{'retry-after'} // '') =~ /^[1-9]\d*$/, 'with Retry-Aft
 $holder->query_safe('COMMIT');
 $holder->quit;
 $node->poll_query_until('postgres',
-	q{SELECT state = 'completed' FROM idem_lookup('POST /payments', 'order-4')})
+	q{SELECT state = 'completed' FROM idem_lookup('payments-service POST /payments', 'order-4')})
   or die 'the abandoned request never completed';
 my $resumed = post('"order-4"', $body);
 is($resumed->{status}, 201, 'the retry after it finished: 201');

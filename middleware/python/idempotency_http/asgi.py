@@ -24,8 +24,11 @@ from .header import MalformedKey, parse_idempotency_key
 
 log = logging.getLogger("idempotency_http")
 
-CLAIM = """SELECT outcome, response, attempt, checkpoint, checkpoint_data,
-                  ceil(extract(epoch FROM retry_after))::int
+# The server's idempotency.max_response_size in bytes (the SQL-only edition may leave
+# it unset: its default then), read with the claim: no round trip of its own.
+LIMIT = "pg_size_bytes(coalesce(current_setting('idempotency.max_response_size', true), '1MB'))"
+CLAIM = f"""SELECT outcome, response, attempt, checkpoint, checkpoint_data,
+                  ceil(extract(epoch FROM retry_after))::int, {LIMIT}
            FROM idem_claim(%s, %s::idem_key, %s, %s::interval, %s::interval, %s::interval)"""
 
 # Errors that say "come back later": a wait that ran out (IK005), a serialization
@@ -34,7 +37,7 @@ CLAIM = """SELECT outcome, response, attempt, checkpoint, checkpoint_data,
 # They are answered 409 with Retry-After, never retried inside the request: a retry
 # would run the handler again.
 BUSY = {"IK003", "IK005", "40001", "40P01", "55P03"}
-STATUS = {"IK001": 422, "22P02": 400, "54000": 413, "57014": 503, "25006": 503, "IK006": 503}
+STATUS = {"IK001": 422, "22P02": 400, "57014": 503, "25006": 503, "IK006": 503}
 
 
 def final_error(status: int) -> bool:
@@ -51,6 +54,9 @@ class Route:
     lease: Optional[timedelta] = None  # lease mode: the claim commits before the handler
     ttl: Optional[timedelta] = None    # None: idempotency.default_ttl
     wait: Optional[timedelta] = None   # None: idempotency.wait_timeout
+    # The largest response body held back, in bytes; None: the server's
+    # idempotency.max_response_size (and never more than that).
+    max_response_size: Optional[int] = None
 
 
 class Idempotency:
@@ -62,6 +68,7 @@ class Idempotency:
         self.pool, self.conn, self.scope, self.key, self.lease = pool, conn, scope, key, lease
         self.attempt, self.checkpoint, self.checkpoint_data = attempt, checkpoint, checkpoint_data
         self.checkpointed = False
+        self.limit = None  # the largest body kept, in bytes
 
     async def save_checkpoint(self, point: str, data=None):
         """idem_checkpoint: a recovery point a takeover sees (and, in lease mode, the
@@ -80,16 +87,25 @@ class Idempotency:
 
 
 class _Captured:
-    """A response the handler sent, held back until the transaction commits."""
+    """A response the handler sent, held back until the transaction commits. A body
+    over the limit, or one sent in several messages (streamed), is not kept: its bytes
+    are dropped as they come, and not_stored says why."""
 
-    def __init__(self):
+    def __init__(self, limit):
         self.status, self.headers, self.body = 500, [], bytearray()
+        self.limit, self.not_stored = limit, None
 
     async def send(self, message):
         if message["type"] == "http.response.start":
             self.status, self.headers = message["status"], list(message.get("headers", []))
-        elif message["type"] == "http.response.body":
-            self.body += message.get("body", b"")
+        elif message["type"] == "http.response.body" and self.not_stored is None:
+            chunk = message.get("body", b"")
+            if message.get("more_body"):
+                self.not_stored, self.body = "streamed", bytearray()
+            elif len(self.body) + len(chunk) > self.limit:
+                self.not_stored, self.body = "too-large", bytearray()
+            else:
+                self.body += chunk
 
 
 class IdempotencyMiddleware:
@@ -154,14 +170,14 @@ class IdempotencyMiddleware:
     async def _claim(self, conn, key_scope, key, fingerprint, route):
         row = await (await conn.execute(CLAIM, (key_scope, key, fingerprint, route.ttl, route.lease,
                                                 route.wait))).fetchone()
-        outcome, response, attempt, checkpoint, data, retry_after = row
+        outcome, response, attempt, checkpoint, data, retry_after, limit = row
         if outcome == "replay":
             return None, _stored(response)
         if outcome == "in_progress":
             return None, _busy(retry_after)
         if outcome != "claimed":  # duplicate: not in a fresh transaction
             raise RuntimeError(f"idem_claim answered {outcome} to a fresh transaction")
-        return (attempt, checkpoint, data), None
+        return (attempt, checkpoint, data, limit), None
 
     async def _in_transaction(self, conn, scope, receive, key_scope, key, fingerprint, route):
         """Claim, handler and completion in one transaction."""
@@ -171,12 +187,14 @@ class IdempotencyMiddleware:
                 claimed, answer = await self._claim(conn, key_scope, key, fingerprint, route)
                 if answer:
                     return answer
-                state.attempt, state.checkpoint, state.checkpoint_data = claimed
-            captured = await self._run(scope, receive, state)
+                state.attempt, state.checkpoint, state.checkpoint_data, state.limit = claimed
+            else:
+                state.limit = (await (await conn.execute(f"SELECT {LIMIT}")).fetchone())[0]
+            captured = await self._run(scope, receive, state, route)
             if not await self._finish(conn, state, captured):
                 raise psycopg.Rollback()  # the claim and the handler's writes are gone
         # Stored, or rolled back (Rollback lands here): the handler's response goes out.
-        return captured.status, captured.headers, bytes(captured.body)
+        return _answer(captured)
 
     async def _with_lease(self, conn, scope, receive, key_scope, key, fingerprint, route):
         """The claim commits first (a lease); the handler then runs in its own
@@ -185,11 +203,12 @@ class IdempotencyMiddleware:
             claimed, answer = await self._claim(conn, key_scope, key, fingerprint, route)
         if answer:
             return answer
-        state = Idempotency(self.pool, conn, key_scope, key, route.lease, *claimed)
+        state = Idempotency(self.pool, conn, key_scope, key, route.lease, *claimed[:3])
+        state.limit = claimed[3]
         finished = False
         try:
             async with conn.transaction():
-                captured = await self._run(scope, receive, state)
+                captured = await self._run(scope, receive, state, route)
                 finished = await self._finish(conn, state, captured)
                 if not finished:
                     raise psycopg.Rollback()
@@ -204,16 +223,19 @@ class IdempotencyMiddleware:
                                            (key_scope, key, state.attempt))
                 except psycopg.Error as error:  # the lease runs out instead
                     log.warning("idem_release failed: %s", error)
-        return captured.status, captured.headers, bytes(captured.body)
+        return _answer(captured)
 
-    async def _run(self, scope, receive, state):
-        captured = _Captured()
+    async def _run(self, scope, receive, state, route):
+        limit = state.limit if route.max_response_size is None else min(state.limit, route.max_response_size)
+        captured = _Captured(limit)
         scope.setdefault("state", {})["idempotency"] = state
         await self.app(scope, receive, captured.send)
         return captured
 
     async def _finish(self, conn, state, captured):
         """Stores the response; False if it is not to be kept (roll back)."""
+        if captured.not_stored:
+            return False
         if state.key is None:
             return captured.status < 500
         if captured.status < 400:
@@ -232,9 +254,40 @@ class IdempotencyMiddleware:
         except UnicodeDecodeError:
             response.pop("body", None)
             response["body_base64"] = base64.b64encode(captured.body).decode("ascii")
-        await conn.execute(f"SELECT {function}(%s, %s::idem_key, %s, %s)",
-                           (state.scope, state.key, Jsonb(response), state.attempt if state.lease else None))
+        try:
+            await conn.execute(f"SELECT {function}(%s, %s::idem_key, %s, %s)",
+                               (state.scope, state.key, Jsonb(response), state.attempt if state.lease else None))
+        except psycopg.Error as error:
+            # The stored document (the body escaped or in base64, the headers) over the
+            # server's limit: the same rule as a body over it. The caller rolls back.
+            if error.sqlstate != "54000":
+                raise
+            captured.not_stored = "stored-too-large"
+            return False
         return True
+
+
+def _answer(captured):
+    """What the client gets for the handler's response: that response, or, when it
+    could not be held back and stored, the problem that says so (the request's work
+    rolled back, the key free again)."""
+    if captured.not_stored:
+        return _not_stored(captured.not_stored, captured.limit)
+    return captured.status, captured.headers, bytes(captured.body)
+
+
+def _not_stored(reason, limit):
+    """The rule for a response too large to store, or streamed: not stored, its work
+    rolled back, 500 with Idempotent-Not-Stored saying why."""
+    detail = {
+        "too-large": f"the response is larger than idempotency.max_response_size ({limit} bytes)",
+        "stored-too-large": "the response as stored (its body escaped or in base64, and its headers) "
+                            "is larger than idempotency.max_response_size",
+        "streamed": "the response was streamed, and a response is held back until its transaction commits",
+    }[reason]
+    return _problem(500, "response-not-stored", "The response could not be stored",
+                    detail + ": it was not stored, and the request's work was rolled back",
+                    [(b"idempotent-not-stored", reason.removeprefix("stored-").encode())])
 
 
 def _stored(response):

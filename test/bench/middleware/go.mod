@@ -1,0 +1,3 @@
+module loadgen
+
+go 1.19
