@@ -28,12 +28,12 @@ endif
 
 EXTRA_CLEAN = $(EXTENSION)-*.tar.gz tmp_check_regress tmp_check_iso
 
-REGRESS = key_type claim unwritten own_window finish lease abandoned fingerprint fingerprint_vectors identity lock_secret bad_input hostile layout settings reaper outbox apply_version open_relations two_phase ddl_rollback schemas messages routing once_many counters self_locked cost
+REGRESS = key_type claim unwritten own_window finish set_constraints lease abandoned fingerprint fingerprint_vectors identity lock_secret bad_input hostile layout settings reaper outbox apply_version open_relations two_phase ddl_rollback schemas messages routing once_many counters self_locked cost search_path
 # Each runs against a temporary instance of its own (as postgres, not root), with
 # the settings the tests need: `make installcheck` needs no running server.
 REGRESS_OPTS = --inputdir=. --temp-instance=tmp_check_regress --temp-config=test/regress.conf
 
-ISOLATION = claim_wait finish_wait once_race isolation_levels opposite_order lease_takeover reaper_wait emit_order emit_event_id relay_order apply_race index_descriptions deadlocks index_maintenance once_many_race
+ISOLATION = claim_wait finish_wait once_race isolation_levels opposite_order lease_takeover reaper_wait emit_order emit_event_id relay_order apply_race index_descriptions deadlocks index_maintenance once_many_race subtransaction_cap
 ISOLATION_OPTS = --inputdir=test/isolation --outputdir=output_iso \
                  --temp-instance=tmp_check_iso --temp-config=test/regress.conf
 
@@ -91,7 +91,7 @@ installcheck-server:
 CXX_SOURCES = $(wildcard src/core/*.cpp src/pg/*/*.cpp)
 CXX_FILES = $(CXX_SOURCES) $(wildcard src/core/*.hpp src/pg/*/*.hpp test/unit/*.cpp test/fuzz/*.cpp)
 
-.PHONY: format format-check lint layers-check
+.PHONY: format format-check lint layers-check search-path-check
 format:
 	clang-format -i $(CXX_FILES)
 format-check:
@@ -100,6 +100,10 @@ compile_commands.json: $(CXX_SOURCES)
 	bear --output $@ -- $(MAKE) -B $(OBJS) PG_CONFIG=$(PG_CONFIG)
 layers-check:
 	test/check_layers.sh
+# The SQL and PL/pgSQL functions without SET search_path qualify every operator,
+# function, type, collation and relation (SPEC Security).
+search-path-check:
+	python3 test/check_search_path.py
 lint: compile_commands.json
 	clang-tidy -p . --quiet $(CXX_SOURCES)
 
@@ -107,3 +111,11 @@ lint: compile_commands.json
 .PHONY: sql-only
 sql-only:
 	sqlonly/build.sh
+
+# make relay: the relay program idem-relay (relay/README.md), built offline from
+# Debian's Go packages; make relay-install installs it (DESTDIR, PREFIX as usual).
+.PHONY: relay relay-install
+relay:
+	$(MAKE) -C relay
+relay-install:
+	$(MAKE) -C relay install

@@ -14,8 +14,10 @@
 #      fingerprint client against test/fingerprint_vectors.json, and the libFuzzer
 #      targets for FUZZ_SECONDS each (default 30; 0 skips them);
 #   4. `make format-check`, `make layers-check` (test/check_layers.sh: no include runs
-#      back up the folders of src/pg) and `make lint` (clang-format, clang-tidy), one pass or
-#      failure each;
+#      back up the folders of src/pg), `make search-path-check` (test/check_search_path.py:
+#      the SQL and PL/pgSQL functions without SET search_path qualify every operator,
+#      function, type, collation and relation) and `make lint` (clang-format,
+#      clang-tidy), one pass or failure each;
 #   5. for each PostgreSQL version of PG_VERSIONS, the extension built and installed
 #      against it, and from a copy of the repository owned by the postgres OS user,
 #      `make installcheck` three times: pg_regress (REGRESS) and the isolation specs
@@ -64,8 +66,8 @@
 #        Citus (test/citus_test.sh) and scripts/sqlonly_deps.sh copies PostgreSQL and
 #        finds pg_tle and pg_cron (test/sqlonly_deps_test.sh); unit is the two ctest runs, the
 #        fingerprint client and fuzz (no PostgreSQL needed, so no PGXS build); style is
-#        format-check, layers-check and lint; sql is regress, isolation, tap and sqlonly
-#        (the SQL-only edition's stage 6).
+#        format-check, layers-check, search-path-check and lint; sql is regress,
+#        isolation, tap and sqlonly (the SQL-only edition's stage 6).
 #   PG_VERSIONS=15,18  the PostgreSQL versions the SQL, isolation and TAP tests run on
 #                      (default 15,17,18,19; 17 and up are built once from Debian's
 #                      source packages and cached, see scripts/pg_versions.sh).
@@ -707,6 +709,8 @@ fi
 if selected style style; then
   make_check "the C++ is not formatted as .clang-format says: run make format" format-check
   make_check "an include runs back up the layers of src/pg (src/pg/README.md)" layers-check
+  make_check "a function without SET search_path names something unqualified (SPEC Security)" \
+    search-path-check
   if [ "$built" = yes ]; then
     make_check "clang-tidy found problems (.clang-tidy)" lint
   else

@@ -85,7 +85,7 @@ LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 RETURN $1;
 CREATE FUNCTION idem_key(uuid) RETURNS idem_key
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
-RETURN $1::text;
+RETURN $1::pg_catalog.text;
 
 ------------------------------------------------------------------------------
 -- The key store. The columns are the native store's (docs/design.md), plus `xact`:
@@ -294,8 +294,10 @@ END $$;
 -- transaction with more than 64 of them overflows PostgreSQL's cache of them (every
 -- snapshot on the server gets slower, and each further one costs more). So a
 -- transaction takes at most 48 for the store's writes (counted in a transaction-local
--- setting); after that, writes run in it directly, and a wait for another transaction
--- holding the same key is bounded by lock_timeout and the deadlock detector alone.
+-- setting); after that, a write first waits (bounded) in a subtransaction that is
+-- rolled back, whose id leaves the cache with it (idempotency._probe_absent, or the
+-- write itself taken back), then runs in the transaction directly. Only another
+-- transaction writing the key in between those two is waited for without the bound.
 CREATE FUNCTION idempotency._take_subtransaction() RETURNS boolean
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -341,7 +343,10 @@ END $$;
 
 -- Whether a row version's xmax is a transaction in progress other than this one (an
 -- update, delete or lock not yet committed): rule 4 waits for it. xmax is 32 bits;
--- its epoch is the one that puts it within 2^31 of the next transaction id.
+-- its epoch is the one that puts it within 2^31 of the next transaction id. One from
+-- the snapshot's xmax on (begun meanwhile, or a multixact's id, which names no
+-- transaction: pg_xact_status fails on one past the next id) counts as busy, and
+-- idempotency._wait_for_row tells what it is.
 CREATE FUNCTION idempotency._busy(xmax xid) RETURNS boolean
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -359,6 +364,9 @@ BEGIN
   ELSIF full_xid < next - 2147483648 THEN
     full_xid := full_xid + 4294967296;
   END IF;
+  IF full_xid >= next THEN
+    RETURN true;
+  END IF;
   IF full_xid::text::xid8 = pg_current_xact_id_if_assigned() THEN
     RETURN false;
   END IF;
@@ -366,24 +374,30 @@ BEGIN
 END $$;
 
 -- Waits (bounded) for whoever writes the key's row now, taking nothing: a share lock
--- waited for in a subtransaction that is then rolled back. True when the wait ran
--- out within our bound; the caller's own lock_timeout and cycles (40P01) raise.
+-- waited for in a subtransaction that is then rolled back. 'timeout' when the wait ran
+-- out within our bound (the caller's own lock_timeout and cycles, 40P01, raise);
+-- 'same' when the version locked is `seen`: no other transaction writes it (its xmax
+-- is a lock that lets ours be, or this transaction's own, of a subtransaction too), so
+-- the caller decides on what it saw, where looking again would see the same xmax
+-- again; else 'changed' (look again).
 CREATE FUNCTION idempotency._wait_for_row(me regrole, scope text, key text,
-                                          remaining_ms bigint) RETURNS boolean
+                                          remaining_ms bigint, seen tid DEFAULT NULL)
+RETURNS text
 LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
 DECLARE
   timeout text := idempotency._lock_timeout(remaining_ms);
+  locked tid;
 BEGIN
   BEGIN
     IF timeout IS NOT NULL THEN
       PERFORM set_config('lock_timeout', timeout, true);
     END IF;
     IF remaining_ms <= 0 THEN  -- do not wait at all
-      PERFORM FROM idempotency.keys k
+      SELECT k.ctid INTO locked FROM idempotency.keys k
         WHERE k.role = me AND k.scope = _wait_for_row.scope AND k.key = _wait_for_row.key
         FOR SHARE NOWAIT;
     ELSE
-      PERFORM FROM idempotency.keys k
+      SELECT k.ctid INTO locked FROM idempotency.keys k
         WHERE k.role = me AND k.scope = _wait_for_row.scope AND k.key = _wait_for_row.key
         FOR SHARE;
     END IF;
@@ -393,9 +407,9 @@ BEGIN
       IF timeout IS NULL AND remaining_ms > 0 THEN
         RAISE;
       END IF;
-      RETURN true;
+      RETURN 'timeout';
     WHEN SQLSTATE 'IK999' THEN
-      RETURN false;
+      RETURN CASE WHEN locked = seen THEN 'same' ELSE 'changed' END;
   END;
 END $$;
 

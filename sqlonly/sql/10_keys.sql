@@ -17,6 +17,46 @@
 -- deferred constraint trigger fires at COMMIT and PREPARE TRANSACTION for every row
 -- an in-transaction claim wrote, and looks at the row as it is then.
 ------------------------------------------------------------------------------
+
+-- Whether this firing of keys_claim_finished for the row version `version` of an
+-- unfinished claim is COMMIT's or PREPARE's. SET CONSTRAINTS ... IMMEDIATE fires it
+-- too, and so does the end of a claim's statement while it is immediate (frameworks set
+-- it: Django's check_constraints() runs SET CONSTRAINTS ALL IMMEDIATE, then ALL
+-- DEFERRED); natively IK002 comes from COMMIT and PREPARE only. PostgreSQL does not
+-- say why a trigger fires, so the row is touched: the event that queues fires at once
+-- if and only if the constraint is immediate now, which it never is for an event still
+-- queued at COMMIT. Then the constraint is made deferred again (ahead of SET
+-- CONSTRAINTS ALL, until the next one) and the row touched once more, for COMMIT. The
+-- other events that SET CONSTRAINTS fires with it then find it deferred, but were
+-- queued before that (SET CONSTRAINTS ... IMMEDIATE fires every event queued, so none
+-- so old is left for COMMIT): their touch has queued them for COMMIT.
+CREATE FUNCTION idempotency._fired_at_commit(version tid) RETURNS boolean
+LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  written bigint;  -- command ids in this transaction
+  touched bigint;
+  moved tid;
+BEGIN
+  IF current_setting('idempotency.ik002_touch', true) = 'queued' THEN
+    PERFORM set_config('idempotency.ik002_touch', 'fired', true);  -- the touch below, at once
+    RETURN false;
+  END IF;
+  SELECT k.cmin::text::bigint INTO written FROM idempotency.keys k WHERE k.ctid = version;
+  PERFORM set_config('idempotency.ik002_touch', 'queued', true);
+  UPDATE idempotency.keys k SET attempt = k.attempt WHERE k.ctid = version
+    RETURNING k.ctid, k.cmin::text::bigint INTO moved, touched;
+  IF current_setting('idempotency.ik002_touch') = 'queued' THEN
+    PERFORM set_config('idempotency.ik002_touch', '', true);
+    RETURN written >= coalesce(nullif(current_setting('idempotency.ik002_deferred_at', true), '')::bigint, 0);
+  END IF;
+  PERFORM set_config('idempotency.ik002_touch', '', true);
+  SET CONSTRAINTS idempotency.keys_claim_finished DEFERRED;
+  PERFORM set_config('idempotency.ik002_deferred_at', touched::text, true);
+  UPDATE idempotency.keys k SET attempt = k.attempt WHERE k.ctid = moved;
+  RETURN false;
+END $$;
+REVOKE ALL ON FUNCTION idempotency._fired_at_commit(tid) FROM PUBLIC;
+
 CREATE FUNCTION idempotency._check_claim_finished() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER AS $$
 -- Fired for each pending row version an in-transaction claim (or takeover, or a
@@ -28,10 +68,12 @@ LANGUAGE plpgsql SECURITY DEFINER AS $$
 BEGIN
   PERFORM FROM idempotency.keys k WHERE k.ctid OPERATOR(pg_catalog.=) NEW.ctid;
   IF FOUND THEN
-    RAISE EXCEPTION 'idempotency key "%" in scope "%" was claimed but not finished', NEW.key, NEW.scope
-      USING ERRCODE = 'IK002',
-            DETAIL = 'A transaction that claims a key must complete, fail or release it before it commits, so the key is never stored without its work.',
-            HINT = 'Call idem_complete, idem_fail or idem_release before COMMIT, or claim with a lease for work that must commit before it finishes.';
+    IF idempotency._fired_at_commit(NEW.ctid) THEN
+      RAISE EXCEPTION 'idempotency key "%" in scope "%" was claimed but not finished', NEW.key, NEW.scope
+        USING ERRCODE = 'IK002',
+              DETAIL = 'A transaction that claims a key must complete, fail or release it before it commits, so the key is never stored without its work.',
+              HINT = 'Call idem_complete, idem_fail or idem_release before COMMIT, or claim with a lease for work that must commit before it finishes.';
+    END IF;
   END IF;
   RETURN NULL;
 END $$;
@@ -67,6 +109,16 @@ DECLARE
 BEGIN
   timed_out := false;
   IF NOT idempotency._take_subtransaction() THEN
+    -- Past the cap: the wait in a probe that is rolled back, then the insert here.
+    CASE idempotency._probe_absent(me, scope, key, remaining_ms)
+      WHEN 'timeout' THEN
+        timed_out := true;
+        RETURN;
+      WHEN 'present' THEN
+        RETURN;
+      ELSE
+        NULL;
+    END CASE;
     INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact, scope,
                                        key, fingerprint, lease, lease_expires_at, state)
       VALUES (me, 1, now, expires_at, pg_current_xact_id(), scope, key, fingerprint, lease,
@@ -97,6 +149,32 @@ BEGIN
   END;
 END $$;
 
+-- The takeover's update of the row `r` as seen (see idempotency._take_over).
+CREATE FUNCTION idempotency._take_over_row(r idempotency.keys, fresh boolean,
+    fingerprint bytea, ttl interval, lease interval, now timestamptz, complete_now boolean)
+RETURNS idempotency.keys
+LANGUAGE sql VOLATILE SET search_path = pg_catalog, pg_temp SET enable_seqscan = off AS $$
+  UPDATE idempotency.keys k SET
+      attempt = CASE WHEN fresh THEN 1 ELSE k.attempt + 1 END,
+      first_claimed_at = CASE WHEN fresh THEN now ELSE k.first_claimed_at END,
+      expires_at = CASE WHEN fresh THEN greatest(now + ttl, now + _take_over_row.lease)
+                        ELSE greatest(k.expires_at, now + _take_over_row.lease) END,
+      xact = pg_current_xact_id(),
+      fingerprint = CASE WHEN fresh THEN _take_over_row.fingerprint
+                         ELSE coalesce(k.fingerprint, _take_over_row.fingerprint) END,
+      lease = CASE WHEN complete_now THEN NULL ELSE _take_over_row.lease END,
+      checkpoint = CASE WHEN fresh THEN NULL ELSE k.checkpoint END,
+      checkpoint_data = CASE WHEN fresh THEN NULL ELSE k.checkpoint_data END,
+      lease_expires_at = CASE WHEN complete_now THEN NULL ELSE now + _take_over_row.lease END,
+      state = CASE WHEN complete_now THEN 'c' ELSE 'p' END,
+      response = NULL
+    WHERE k.role = r.role AND k.scope = r.scope AND k.key = r.key
+      AND k.attempt = r.attempt AND k.state = r.state
+      AND k.expires_at = r.expires_at
+      AND k.lease_expires_at IS NOT DISTINCT FROM r.lease_expires_at
+    RETURNING k.*
+$$;
+
 -- Takes over (or replaces, when expired) the row `r` as this call's claim: with
 -- `complete_now`, completed at once (idem_once). NULL when the row changed meanwhile
 -- (look again); timed_out when the wait for its writer ran out.
@@ -107,63 +185,38 @@ LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp SET enable_seqsc
 DECLARE
   timeout text := idempotency._lock_timeout(remaining_ms);
   own text;
-  lease_end timestamptz := now + lease;
+  keep boolean;
 BEGIN
   timed_out := false;
-  IF NOT idempotency._take_subtransaction() THEN
-    UPDATE idempotency.keys k SET
-        attempt = CASE WHEN fresh THEN 1 ELSE k.attempt + 1 END,
-        first_claimed_at = CASE WHEN fresh THEN now ELSE k.first_claimed_at END,
-        expires_at = CASE WHEN fresh THEN greatest(now + ttl, lease_end)
-                          ELSE greatest(k.expires_at, lease_end) END,
-        xact = pg_current_xact_id(),
-        fingerprint = CASE WHEN fresh THEN _take_over.fingerprint
-                           ELSE coalesce(k.fingerprint, _take_over.fingerprint) END,
-        lease = CASE WHEN complete_now THEN NULL ELSE _take_over.lease END,
-        checkpoint = CASE WHEN fresh THEN NULL ELSE k.checkpoint END,
-        checkpoint_data = CASE WHEN fresh THEN NULL ELSE k.checkpoint_data END,
-        lease_expires_at = CASE WHEN complete_now THEN NULL ELSE lease_end END,
-        state = CASE WHEN complete_now THEN 'c' ELSE 'p' END,
-        response = NULL
-      WHERE k.role = r.role AND k.scope = r.scope AND k.key = r.key
-        AND k.attempt = r.attempt AND k.state = r.state
-        AND k.expires_at = r.expires_at
-        AND k.lease_expires_at IS NOT DISTINCT FROM r.lease_expires_at
-      RETURNING k.* INTO taken;
-    RETURN;
-  END IF;
+  -- In a subtransaction, so that a wait running out is an answer. Rolled back when the
+  -- row changed meanwhile (the update then locked its newest version, which others
+  -- would wait for until this transaction ends), and past the cap
+  -- (idempotency._take_subtransaction, counted inside it), where it only waits: the
+  -- update is then made again in the transaction itself.
   BEGIN
+    keep := idempotency._take_subtransaction();
     IF timeout IS NOT NULL THEN
       own := current_setting('lock_timeout');
       PERFORM set_config('lock_timeout', timeout, true);
     END IF;
-    UPDATE idempotency.keys k SET
-        attempt = CASE WHEN fresh THEN 1 ELSE k.attempt + 1 END,
-        first_claimed_at = CASE WHEN fresh THEN now ELSE k.first_claimed_at END,
-        expires_at = CASE WHEN fresh THEN greatest(now + ttl, lease_end)
-                          ELSE greatest(k.expires_at, lease_end) END,
-        xact = pg_current_xact_id(),
-        fingerprint = CASE WHEN fresh THEN _take_over.fingerprint
-                           ELSE coalesce(k.fingerprint, _take_over.fingerprint) END,
-        lease = CASE WHEN complete_now THEN NULL ELSE _take_over.lease END,
-        checkpoint = CASE WHEN fresh THEN NULL ELSE k.checkpoint END,
-        checkpoint_data = CASE WHEN fresh THEN NULL ELSE k.checkpoint_data END,
-        lease_expires_at = CASE WHEN complete_now THEN NULL ELSE lease_end END,
-        state = CASE WHEN complete_now THEN 'c' ELSE 'p' END,
-        response = NULL
-      WHERE k.role = r.role AND k.scope = r.scope AND k.key = r.key
-        AND k.attempt = r.attempt AND k.state = r.state
-        AND k.expires_at = r.expires_at
-        AND k.lease_expires_at IS NOT DISTINCT FROM r.lease_expires_at
-      RETURNING k.* INTO taken;
+    taken := idempotency._take_over_row(r, fresh, fingerprint, ttl, lease, now, complete_now);
     IF timeout IS NOT NULL THEN
       PERFORM set_config('lock_timeout', own, true);
     END IF;
-  EXCEPTION WHEN lock_not_available THEN
-    IF timeout IS NULL THEN
-      RAISE;
+    IF taken.key IS NULL OR NOT keep THEN
+      RAISE EXCEPTION USING ERRCODE = 'IK999';
     END IF;
-    timed_out := true;
+  EXCEPTION
+    WHEN lock_not_available THEN
+      IF timeout IS NULL THEN
+        RAISE;
+      END IF;
+      taken := NULL;
+      timed_out := true;
+    WHEN SQLSTATE 'IK999' THEN
+      IF taken.key IS NOT NULL THEN
+        taken := idempotency._take_over_row(r, fresh, fingerprint, ttl, lease, now, complete_now);
+      END IF;
   END;
 END $$;
 
@@ -216,7 +269,7 @@ BEGIN
 
   me := idempotency._me();
   FOR round IN 1 .. 1000 LOOP
-    SELECT k AS r, k.xmax AS x INTO seen FROM idempotency.keys k
+    SELECT k AS r, k.xmax AS x, k.ctid AS c INTO seen FROM idempotency.keys k
       WHERE k.role = me AND k.scope = _claim.scope AND k.key = _claim.key;
     now := pg_catalog.clock_timestamp();
     IF seen.r IS NULL THEN
@@ -242,17 +295,22 @@ BEGIN
     IF r.state = 'p' AND r.xact = cur THEN
       RETURN ROW('duplicate'::text, 'pending'::text, NULL::jsonb, r.attempt, r.checkpoint, r.checkpoint_data, NULL::interval, r.first_claimed_at, r.expires_at);
     END IF;
-    -- Rule 4: another transaction writes the row now: wait for it, then look again.
+    -- Rule 4: another transaction writes the row now: wait for it, then look again
+    -- (or, when no other transaction writes it after all, go on with it).
     IF row_xmax <> '0'::xid AND idempotency._busy(row_xmax) THEN
-      IF idempotency._wait_for_row(me, scope, key,
-             wait_ms - (extract(epoch FROM now - started) * 1000)::bigint) THEN
-        -- The attempt that holds it: a writer of an abandoned or stale claim is taking
-        -- it over (the uncommitted row itself cannot be read here).
-        RETURN ROW('in_progress'::text, 'pending'::text, NULL::jsonb,
-                   r.attempt + CASE WHEN r.state = 'a' OR (r.state = 'p' AND r.lease_expires_at <= now)
-                                    THEN 1 ELSE 0 END, NULL::text, NULL::jsonb, greatest(pg_catalog.clock_timestamp() - started, interval '100 ms'), r.first_claimed_at, r.expires_at);
-      END IF;
-      CONTINUE;
+      CASE idempotency._wait_for_row(me, scope, key,
+             wait_ms - (extract(epoch FROM now - started) * 1000)::bigint, seen.c)
+        WHEN 'timeout' THEN
+          -- The attempt that holds it: a writer of an abandoned or stale claim is taking
+          -- it over (the uncommitted row itself cannot be read here).
+          RETURN ROW('in_progress'::text, 'pending'::text, NULL::jsonb,
+                     r.attempt + CASE WHEN r.state = 'a' OR (r.state = 'p' AND r.lease_expires_at <= now)
+                                      THEN 1 ELSE 0 END, NULL::text, NULL::jsonb, greatest(pg_catalog.clock_timestamp() - started, interval '100 ms'), r.first_claimed_at, r.expires_at);
+        WHEN 'changed' THEN
+          CONTINUE;
+        ELSE
+          NULL;
+      END CASE;
     END IF;
     live := coalesce(r.expires_at > now OR (r.state = 'p' AND r.lease_expires_at > now)
                      OR r.xact = cur, false);
@@ -281,8 +339,8 @@ BEGIN
       RETURN ROW('claimed'::text, 'pending'::text, NULL::jsonb, r.attempt, r.checkpoint, r.checkpoint_data, NULL::interval, r.first_claimed_at, r.expires_at);
     END IF;
   END LOOP;
-  RAISE EXCEPTION 'idem_claim could not settle on the state of key "%" in scope "%"', key, scope
-    USING ERRCODE = 'internal_error';
+  -- Other transactions rewrote the key at every look: as busy as a wait running out.
+  RETURN ROW('in_progress'::text, 'pending'::text, NULL::jsonb, coalesce((seen.r).attempt, 1), NULL::text, NULL::jsonb, greatest(pg_catalog.clock_timestamp() - started, interval '100 ms'), (seen.r).first_claimed_at, (seen.r).expires_at);
 END $$;
 
 -- idem_claim. Its fast path (no lease, no wait given, valid arguments, the default
@@ -335,21 +393,19 @@ BEGIN
       -- Rule 1. The insert waits for another transaction inserting the key, at most
       -- idempotency.wait_timeout (5 s): in a subtransaction, so that running out is
       -- an answer (in_progress), not the caller's abort.
+      -- (No NULLIF: it compares with the caller's `=`.)
       n := ROW(now OPERATOR(pg_catalog.+) coalesce(ttl, '24 hours'::pg_catalog.interval),
-               coalesce(nullif(pg_catalog.current_setting('idempotency.subtransactions', true), ''),
-                        '0')::pg_catalog.int4,
+               CASE WHEN pg_catalog.current_setting('idempotency.subtransactions', true)
+                         OPERATOR(pg_catalog.=) '' THEN 0
+                    ELSE coalesce(pg_catalog.current_setting('idempotency.subtransactions', true),
+                                  '0')::pg_catalog.int4 END,
                pg_catalog.current_setting('lock_timeout'),
                pg_catalog.current_setting('lock_timeout') OPERATOR(pg_catalog.=) '0'
                OR pg_catalog.current_setting('lock_timeout')::pg_catalog.interval
                   OPERATOR(pg_catalog.>) '5 s'::pg_catalog.interval);
-      IF n.subtransactions OPERATOR(pg_catalog.>=) 48 THEN
-        -- (idempotency._take_subtransaction: no more subtransactions in this transaction)
-        INSERT INTO idempotency.keys AS k (role, attempt, first_claimed_at, expires_at, xact,
-                                           scope, key, fingerprint, state)
-          VALUES (idempotency._me(), 1, now, n.expires_at, pg_catalog.pg_current_xact_id(), scope,
-                  key, fingerprint, 'p')
-          ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING;
-      ELSE
+      -- Past idempotency._take_subtransaction's cap, the general path (its wait stays
+      -- bounded); FOUND is then still the look's, false.
+      IF n.subtransactions OPERATOR(pg_catalog.<) 48 THEN
         BEGIN
           -- Counted inside the subtransaction: one that rolls back leaves PostgreSQL's
           -- cache of this transaction's subtransactions as it was. The bound: 5 s, or
@@ -441,7 +497,7 @@ DECLARE
   changed boolean;
 BEGIN
   FOR round IN 1 .. 1000 LOOP
-    SELECT k AS r, k.xmax AS x INTO seen FROM idempotency.keys k
+    SELECT k AS r, k.xmax AS x, k.ctid AS c INTO seen FROM idempotency.keys k
       WHERE k.role = me AND k.scope = _finish.scope AND k.key = _finish.key;
     now := clock_timestamp();
     cur := pg_current_xact_id_if_assigned();
@@ -462,11 +518,12 @@ BEGIN
     row_xmax := seen.x;
     own_claim := coalesce(r.state = 'p' AND r.xact = cur, false);
     IF NOT own_claim AND row_xmax <> '0'::xid AND idempotency._busy(row_xmax) THEN
-      IF idempotency._wait_for_row(me, scope, key,
-             wait_ms - (extract(epoch FROM now - started) * 1000)::bigint) THEN
-        PERFORM idempotency._raise_in_progress(scope, key);
-      END IF;
-      CONTINUE;
+      CASE idempotency._wait_for_row(me, scope, key,
+             wait_ms - (extract(epoch FROM now - started) * 1000)::bigint, seen.c)
+        WHEN 'timeout' THEN PERFORM idempotency._raise_in_progress(scope, key);
+        WHEN 'changed' THEN CONTINUE;
+        ELSE NULL;  -- no other transaction writes it: go on with it
+      END CASE;
     END IF;
     live := coalesce(r.expires_at > now OR (r.state = 'p' AND r.lease_expires_at > now)
                      OR r.xact = cur, false);
@@ -514,8 +571,8 @@ BEGIN
       RETURN;
     END IF;
   END LOOP;
-  RAISE EXCEPTION 'could not settle on the state of key "%" in scope "%"', key, scope
-    USING ERRCODE = 'internal_error';
+  -- Other transactions rewrote the key at every look: as busy as a wait running out.
+  PERFORM idempotency._raise_in_progress(scope, key);
 END $$;
 
 -- The size and read-only checks of idem_complete and idem_fail, in the native order.
@@ -664,7 +721,7 @@ BEGIN
 
   me := idempotency._me();
   FOR round IN 1 .. 1000 LOOP
-    SELECT k AS r, k.xmax AS x INTO seen FROM idempotency.keys k
+    SELECT k AS r, k.xmax AS x, k.ctid AS c INTO seen FROM idempotency.keys k
       WHERE k.role = me AND k.scope = _once.scope AND k.key = _once.key;
     now := pg_catalog.clock_timestamp();
     IF seen.r IS NULL THEN
@@ -684,11 +741,12 @@ BEGIN
       RETURN false;  -- held by this same transaction
     END IF;
     IF seen.x <> '0'::xid AND idempotency._busy(seen.x) THEN
-      IF idempotency._wait_for_row(me, scope, key,
-             wait_ms - (extract(epoch FROM now - started) * 1000)::bigint) THEN
-        PERFORM idempotency._raise_in_progress(scope, key);
-      END IF;
-      CONTINUE;
+      CASE idempotency._wait_for_row(me, scope, key,
+             wait_ms - (extract(epoch FROM now - started) * 1000)::bigint, seen.c)
+        WHEN 'timeout' THEN PERFORM idempotency._raise_in_progress(scope, key);
+        WHEN 'changed' THEN CONTINUE;
+        ELSE NULL;  -- no other transaction writes it: go on with it
+      END CASE;
     END IF;
     live := coalesce(r.expires_at > now OR (r.state = 'p' AND r.lease_expires_at > now)
                      OR r.xact = cur, false);
@@ -709,8 +767,9 @@ BEGIN
       RETURN true;
     END IF;
   END LOOP;
-  RAISE EXCEPTION 'idem_once could not settle on the state of key "%" in scope "%"', key, scope
-    USING ERRCODE = 'internal_error';
+  -- Other transactions rewrote the key at every look: as busy as a wait running out.
+  PERFORM idempotency._raise_in_progress(scope, key);
+  RETURN NULL;
 END $$;
 
 -- idem_once: its fast path as idem_claim's (a new key inserted completed, or a key
@@ -746,18 +805,14 @@ BEGIN
       WHERE k.role OPERATOR(pg_catalog.=) me AND k.scope OPERATOR(pg_catalog.=) idem_once.scope
         AND k.key OPERATOR(pg_catalog.=) idem_once.key;
     IF seen.r IS NULL THEN
-      taken := coalesce(nullif(pg_catalog.current_setting('idempotency.subtransactions', true), ''),
-                        '0')::pg_catalog.int4;
-      IF taken OPERATOR(pg_catalog.>=) 48 THEN
-        -- (idempotency._take_subtransaction: no more subtransactions in this transaction)
-        INSERT INTO idempotency.keys (role, attempt, first_claimed_at, expires_at, xact, scope,
-                                      key, state)
-          VALUES (me, 1, now, now OPERATOR(pg_catalog.+)
-                              coalesce(ttl, '24 hours'::pg_catalog.interval),
-                  pg_catalog.pg_current_xact_id(), scope, key, 'c')
-          ON CONFLICT ON CONSTRAINT keys_pkey DO NOTHING;
-        GET DIAGNOSTICS written = ROW_COUNT;
-      ELSE
+      -- (No NULLIF: it compares with the caller's `=`.)
+      taken := CASE WHEN pg_catalog.current_setting('idempotency.subtransactions', true)
+                         OPERATOR(pg_catalog.=) '' THEN 0
+                    ELSE coalesce(pg_catalog.current_setting('idempotency.subtransactions', true),
+                                  '0')::pg_catalog.int4 END;
+      -- Past idempotency._take_subtransaction's cap, the general path (its wait stays
+      -- bounded).
+      IF taken OPERATOR(pg_catalog.<) 48 THEN
         ignored := pg_catalog.set_config('idempotency.subtransactions',
                                       (taken OPERATOR(pg_catalog.+) 1)::pg_catalog.text, true);
         BEGIN
@@ -819,7 +874,8 @@ BEGIN
     RETURNS TABLE (key text, state "char", xact xid8, xmax xid, expires_at timestamptz,
                    lease_expires_at timestamptz)
     LANGUAGE sql STABLE AS $b$ %s $b$ $f$,
-    CASE WHEN pg_catalog.current_setting('server_version_num')::integer >= 170000 THEN $q$
+    CASE WHEN pg_catalog.current_setting('server_version_num')::integer
+              OPERATOR(pg_catalog.>=) 170000 THEN $q$
       SELECT k.key, k.state, k.xact, k.xmax, k.expires_at, k.lease_expires_at
       FROM idempotency.keys k
       WHERE k.role OPERATOR(pg_catalog.=) _batch_rows.me
@@ -892,13 +948,15 @@ LANGUAGE plpgsql VOLATILE SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   timeout text := idempotency._lock_timeout(remaining_ms);
   own text;
+  keep boolean;
 BEGIN
   timed_out := false;
-  IF NOT idempotency._take_subtransaction() THEN
-    applied := idempotency._once_many_apply(me, scope, absent, takeable, ttl, now);
-    RETURN;
-  END IF;
+  -- Rolled back when nothing was applied (an update of a row that changed meanwhile
+  -- locked its newest version, which others would wait for until this transaction
+  -- ends), and past the cap (idempotency._take_subtransaction, counted inside it),
+  -- where it only waits: the keys are then applied again in the transaction itself.
   BEGIN
+    keep := idempotency._take_subtransaction();
     IF timeout IS NOT NULL THEN
       own := current_setting('lock_timeout');
       PERFORM set_config('lock_timeout', timeout, true);
@@ -907,11 +965,19 @@ BEGIN
     IF timeout IS NOT NULL THEN
       PERFORM set_config('lock_timeout', own, true);
     END IF;
-  EXCEPTION WHEN lock_not_available THEN
-    IF timeout IS NULL THEN
-      RAISE;
+    IF cardinality(applied) = 0 OR NOT keep THEN
+      RAISE EXCEPTION USING ERRCODE = 'IK999';
     END IF;
-    timed_out := true;
+  EXCEPTION
+    WHEN lock_not_available THEN
+      IF timeout IS NULL THEN
+        RAISE;
+      END IF;
+      timed_out := true;
+    WHEN SQLSTATE 'IK999' THEN
+      IF cardinality(applied) > 0 THEN
+        applied := idempotency._once_many_apply(me, scope, absent, takeable, ttl, now);
+      END IF;
   END;
 END $$;
 
@@ -932,6 +998,7 @@ DECLARE
   absent text[];
   written record;
   result boolean[];
+  passed text[] := '{}';  -- 'key xmax' of rows a wait found no other transaction writing
 BEGIN
   -- Arguments: the array first, then as idem_once; 25006; an empty array last.
   IF keys IS NULL THEN
@@ -971,13 +1038,15 @@ BEGIN
     -- What each pending key's row says, by the rules in their order (7, 4, 1, 3, 5, 6).
     SELECT coalesce(pg_catalog.array_agg(c.key) FILTER (WHERE c.verdict = 'done'), '{}') AS done,
            pg_catalog.min(c.key) FILTER (WHERE c.verdict = 'busy') AS busy,
+           (pg_catalog.array_agg(c.xmax ORDER BY c.key) FILTER (WHERE c.verdict = 'busy'))[1] AS busy_xmax,
            pg_catalog.min(c.key) FILTER (WHERE c.verdict = 'leased') AS leased,
            coalesce(pg_catalog.array_agg(c.key) FILTER (WHERE c.verdict = 'take'), '{}') AS take,
            coalesce(pg_catalog.array_agg(c.key), '{}') AS found
       INTO looked
-      FROM (SELECT k.key,
+      FROM (SELECT k.key, k.xmax,
                    CASE WHEN k.state = 'p' AND k.xact = cur THEN 'done'
-                        WHEN k.xmax <> '0'::xid AND idempotency._busy(k.xmax) THEN 'busy'
+                        WHEN k.xmax <> '0'::xid AND k.key || ' ' || k.xmax <> ALL (passed)
+                             AND idempotency._busy(k.xmax) THEN 'busy'
                         WHEN k.expires_at <= now AND NOT (k.state = 'p' AND k.lease_expires_at > now)
                              AND k.xact IS DISTINCT FROM cur THEN 'take'
                         WHEN k.state IN ('c', 'f') THEN 'done'
@@ -1005,9 +1074,13 @@ BEGIN
     END IF;
     IF looked.busy IS NOT NULL THEN
       IF idempotency._wait_for_row(me, scope, looked.busy,
-             wait_ms - (extract(epoch FROM pg_catalog.clock_timestamp() - started) * 1000)::bigint) THEN
+             wait_ms - (extract(epoch FROM pg_catalog.clock_timestamp() - started) * 1000)::bigint)
+         = 'timeout' THEN
         PERFORM idempotency._raise_in_progress(scope, looked.busy);
       END IF;
+      -- Not waited for again while its xmax stays (a lock that lets ours be, or this
+      -- transaction's own: looking again would see it again).
+      passed := passed || (looked.busy || ' ' || looked.busy_xmax);
     END IF;
     -- Still to decide: what was neither done nor applied now (a row committed, changed
     -- or being written meanwhile).
@@ -1016,8 +1089,8 @@ BEGIN
     EXIT WHEN pg_catalog.cardinality(pending) = 0;
   END LOOP;
   IF pg_catalog.cardinality(pending) > 0 THEN
-    RAISE EXCEPTION 'idem_once_many could not settle on the state of key "%" in scope "%"',
-      pending[1], scope USING ERRCODE = 'internal_error';
+    -- Other transactions rewrote a key at every look: as busy as a wait running out.
+    PERFORM idempotency._raise_in_progress(scope, pending[1]);
   END IF;
 
   -- Element i: applied now, at the key's first position in the array.
@@ -1053,7 +1126,7 @@ BEGIN
   me := idempotency._me();
   wait_ms := idempotency._wait_ms(NULL);
   FOR round IN 1 .. 1000 LOOP
-    SELECT k AS r, k.xmax AS x INTO seen FROM idempotency.keys k
+    SELECT k AS r, k.xmax AS x, k.ctid AS c INTO seen FROM idempotency.keys k
       WHERE k.role = me AND k.scope = idem_forget.scope AND k.key = idem_forget.key;
     now := pg_catalog.clock_timestamp();
     IF seen.r IS NULL THEN
@@ -1067,11 +1140,12 @@ BEGIN
     r := seen.r;
     cur := pg_catalog.pg_current_xact_id_if_assigned();
     IF seen.x <> '0'::xid AND idempotency._busy(seen.x) THEN
-      IF idempotency._wait_for_row(me, scope, key,
-             wait_ms - (extract(epoch FROM now - started) * 1000)::bigint) THEN
-        PERFORM idempotency._raise_in_progress(scope, key);
-      END IF;
-      CONTINUE;
+      CASE idempotency._wait_for_row(me, scope, key,
+             wait_ms - (extract(epoch FROM now - started) * 1000)::bigint, seen.c)
+        WHEN 'timeout' THEN PERFORM idempotency._raise_in_progress(scope, key);
+        WHEN 'changed' THEN CONTINUE;
+        ELSE NULL;  -- no other transaction writes it: go on with it
+      END CASE;
     END IF;
     DELETE FROM idempotency.keys k
       WHERE k.role = me AND k.scope = idem_forget.scope AND k.key = idem_forget.key
@@ -1081,8 +1155,9 @@ BEGIN
                       OR r.xact = cur, false);
     END IF;
   END LOOP;
-  RAISE EXCEPTION 'idem_forget could not settle on the state of key "%" in scope "%"', key, scope
-    USING ERRCODE = 'internal_error';
+  -- Other transactions rewrote the key at every look: as busy as a wait running out.
+  PERFORM idempotency._raise_in_progress(scope, key);
+  RETURN NULL;
 END $$;
 
 ------------------------------------------------------------------------------
@@ -1175,7 +1250,7 @@ BEGIN
                           OR pg_catalog.jsonb_typeof(e.value) OPERATOR(pg_catalog.=) 'array'
                        THEN idempotency._canonical_json(e.value)
                      ELSE e.value::pg_catalog.text END),
-              ',' ORDER BY e.key COLLATE "C")
+              ',' ORDER BY e.key COLLATE pg_catalog."C")
          FROM pg_catalog.jsonb_each(value) e),
       '}');
   ELSIF kind OPERATOR(pg_catalog.=) 'array' THEN

@@ -112,10 +112,11 @@ END $$;
 -- header, as in a tuple).
 CREATE FUNCTION idempotency._jsonb_bytes(value jsonb) RETURNS bigint
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
-RETURN CASE WHEN pg_catalog.pg_column_size(value) < 130
+RETURN CASE WHEN pg_catalog.pg_column_size(value) OPERATOR(pg_catalog.<) 130
                  OR pg_catalog.pg_column_compression(value) IS NOT NULL
-            THEN pg_catalog.pg_column_size(value::text::jsonb) - 4
-            ELSE pg_catalog.pg_column_size(value) - 4 END;
+            THEN pg_catalog.pg_column_size(value::pg_catalog.text::pg_catalog.jsonb)
+                 OPERATOR(pg_catalog.-) 4
+            ELSE pg_catalog.pg_column_size(value) OPERATOR(pg_catalog.-) 4 END;
 
 -- An event's headers against idempotency.max_response_size, then its payload and
 -- headers together (54000); the payload alone is checked before.
@@ -751,8 +752,11 @@ BEGIN
   -- Record it, deciding on the newest version of the record: waits (bounded) for
   -- another transaction writing it, in the one subtransaction (at most 48 in a
   -- transaction: idempotency._take_subtransaction).
-  taken := coalesce(nullif(pg_catalog.current_setting('idempotency.subtransactions', true), ''),
-                    '0')::pg_catalog.int4;
+  -- (No NULLIF: it compares with the caller's `=`.)
+  taken := CASE WHEN pg_catalog.current_setting('idempotency.subtransactions', true)
+                     OPERATOR(pg_catalog.=) '' THEN 0
+                ELSE coalesce(pg_catalog.current_setting('idempotency.subtransactions', true),
+                              '0')::pg_catalog.int4 END;
   IF taken OPERATOR(pg_catalog.>=) 48 THEN
     INSERT INTO idempotency.applied_versions AS a (role, expires_at, version, scope, entity, xact)
       VALUES (me, v_now OPERATOR(pg_catalog.+) v_ttl, v_version, v_scope, v_entity,

@@ -1,0 +1,33 @@
+# Races on one key against the SQL-only edition (installed as plain SQL by the
+# database owner, so that this runs with or without pg_tle): the scenarios of
+# test/t/lib/IdemRaces.pm, which test/t/034_races.pl runs against the native edition.
+# Eight sessions of a role that is not the owner released at the same instant, 30
+# rounds of each (IDEM_RACE_ROUNDS): exactly one winner where the SPEC says so, and no
+# SQLSTATE the SPEC does not name (before issue 50, a takeover could end in XX000
+# "could not settle").
+use strict;
+use warnings;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/lib", "$FindBin::RealBin/../../t/lib";
+use IdemSqlOnly;
+use IdemRaces;
+
+IdemSqlOnly::require_no_native();
+my $script = IdemSqlOnly::dist_file('sql');
+
+my $node = PostgreSQL::Test::Cluster->new('races');
+$node->init;
+$node->append_conf('postgresql.conf', "max_connections = 40\n");
+$node->start;
+$node->safe_psql('postgres', q{
+  CREATE ROLE app_owner LOGIN NOSUPERUSER;
+  CREATE ROLE alice LOGIN NOSUPERUSER;
+  CREATE DATABASE app OWNER app_owner;});
+IdemSqlOnly::safe_as($node, 'app_owner', 'app', undef, file => $script);
+IdemRaces->new(node => $node, dbname => 'app', role => 'alice', admin => 'app_owner')->run_all;
+
+$node->stop;
+done_testing();
