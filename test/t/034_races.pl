@@ -24,10 +24,7 @@ $node->safe_psql('postgres', q{
   CREATE EXTENSION idempotency;
   CREATE ROLE alice LOGIN NOSUPERUSER;});
 my $superuser = $node->safe_psql('postgres', 'SELECT current_user');
-IdemRaces->new(node => $node, dbname => 'postgres', role => 'alice', admin => $superuser,
-	todo => { 'claims of an expired key' =>
-		  'native: concurrent claims of an expired key can each be answered claimed (the '
-		  . 'later completions fail with IK003), about 1 round in 30' })->run_all;
+IdemRaces->new(node => $node, dbname => 'postgres', role => 'alice', admin => $superuser)->run_all;
 
 $node->stop;
 done_testing();

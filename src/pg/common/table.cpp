@@ -70,17 +70,18 @@ void check_columns(Oid heap, const ColumnSpec* columns, int count) {
 }
 
 // Judged as heap_hot_search_buffer would.
-VersionLook look_at_version(HeapTuple tuple, Buffer buffer, Snapshot dirty) {
+VersionLook look_at_version(HeapTuple tuple, Buffer buffer, Snapshot dirty, bool by_index) {
   VersionLook look{};
   ItemPointerSetInvalid(&look.successor);
   LockBuffer(buffer, BUFFER_LOCK_SHARE);
   look.visible = HeapTupleSatisfiesVisibility(tuple, dirty, buffer);
   HeapTupleHeader header = tuple->t_data;
-  // A HOT successor is returned by the same index entry; only a version with index
-  // entries of its own needs following.
+  // A HOT successor is returned by the same index entry as its predecessor; off the
+  // index (following a chain), no entry returns it.
   if (!look.visible && !(header->t_infomask & HEAP_XMAX_INVALID) &&
       !HEAP_XMAX_IS_LOCKED_ONLY(header->t_infomask) && !HeapTupleHeaderIsSpeculative(header) &&
-      !HeapTupleHeaderIsHotUpdated(header) && !ItemPointerEquals(&tuple->t_self, &header->t_ctid)) {
+      !(by_index && HeapTupleHeaderIsHotUpdated(header)) &&
+      !ItemPointerEquals(&tuple->t_self, &header->t_ctid)) {
     look.successor = header->t_ctid;
     look.updater = HeapTupleHeaderGetUpdateXid(header);
   }
@@ -101,7 +102,7 @@ bool follow_update_chain(Relation heap, VersionLook look, Snapshot dirty, TupleT
       ReleaseBuffer(buffer);  // the slot was reused: the chain ended long ago
       return false;
     }
-    look = look_at_version(tuple, buffer, dirty);
+    look = look_at_version(tuple, buffer, dirty, false);
     if (look.visible) {
       ExecStorePinnedBufferHeapTuple(tuple, slot, buffer);
       return true;
@@ -123,7 +124,7 @@ Look table_look(Table* table, Oid index, ScanKey keys, int nkeys) {
     bool should_free;
     HeapTuple tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
     auto buffered = reinterpret_cast<BufferHeapTupleTableSlot*>(slot);
-    VersionLook version = look_at_version(tuple, buffered->buffer, &dirty);
+    VersionLook version = look_at_version(tuple, buffered->buffer, &dirty, true);
     if (!version.visible && !follow_update_chain(table->heap, version, &dirty, slot)) continue;
     look.found = true;
     look.tid = slot->tts_tid;

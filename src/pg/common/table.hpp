@@ -73,11 +73,16 @@ struct VersionLook {
   ItemPointerData successor;  // valid when an update moved the row to another version
   TransactionId updater;      // that update's transaction
 };
-VersionLook look_at_version(HeapTuple tuple, Buffer buffer, Snapshot dirty);
+// `by_index`: the version came from an index scan, which returns its HOT successors
+// itself (only a successor with index entries of its own is given); else it was
+// reached by following a chain, and every successor is given.
+VersionLook look_at_version(HeapTuple tuple, Buffer buffer, Snapshot dirty, bool by_index);
 // A scan can pass the place where an update puts the new version's index entry just
 // before the update inserts it, and reach the old version just after the update
 // commits: the row would seem gone. True, with the successor in `slot`, when the
-// chain of versions ends in one the dirty snapshot sees.
+// chain of versions ends in one the dirty snapshot sees; the chain goes on through
+// HOT updates too (an expired key's claim moves the row to a new entry, its
+// completion then updates it in place).
 bool follow_update_chain(Relation heap, VersionLook look, Snapshot dirty, TupleTableSlot* slot);
 
 // What a look at a row by a unique key found: its live version, or the version

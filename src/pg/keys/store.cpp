@@ -113,7 +113,7 @@ void store_probe(KeyStore* store, const Identity& id, Snapshot snapshot, Probe* 
       bool should_free;
       HeapTuple tuple = ExecFetchSlotHeapTuple(slot, false, &should_free);
       auto buffered = reinterpret_cast<BufferHeapTupleTableSlot*>(slot);
-      VersionLook look = look_at_version(tuple, buffered->buffer, &dirty);
+      VersionLook look = look_at_version(tuple, buffered->buffer, &dirty, true);
       if (!look.visible && !follow_update_chain(store->heap, look, &dirty, slot)) continue;
     }
     TransactionId writer = InvalidTransactionId;
