@@ -33,7 +33,7 @@ REGRESS = key_type claim unwritten own_window finish set_constraints lease aband
 # the settings the tests need: `make installcheck` needs no running server.
 REGRESS_OPTS = --inputdir=. --temp-instance=tmp_check_regress --temp-config=test/regress.conf
 
-ISOLATION = claim_wait finish_wait once_race isolation_levels opposite_order lease_takeover reaper_wait emit_order emit_event_id relay_order apply_race index_descriptions deadlocks index_maintenance once_many_race subtransaction_cap
+ISOLATION = claim_wait finish_wait once_race isolation_levels opposite_order lease_takeover reaper_wait emit_order emit_event_id relay_order apply_race index_descriptions deadlocks index_maintenance once_many_race subtransaction_cap messaging_cap
 ISOLATION_OPTS = --inputdir=test/isolation --outputdir=output_iso \
                  --temp-instance=tmp_check_iso --temp-config=test/regress.conf
 

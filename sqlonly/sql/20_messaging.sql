@@ -16,8 +16,11 @@
 -- holds what it writes, it takes no subtransaction: an emit without event id for an
 -- aggregate whose counter it locks at once (or for none), a relay's claim, an ack,
 -- dead or retry of events no one else is writing, a duplicate idem_apply_version. An
--- emit waits for another emitter of its id holding nothing, as native: it takes back
--- what it wrote (its subtransaction) and waits in a probe that is rolled back.
+-- emit for an aggregate waits for another emitter of its id holding nothing, as
+-- native: it takes back what it wrote (its subtransaction) and waits in a probe that is
+-- rolled back. Past the 48-subtransaction cap (idempotency._take_subtransaction) each
+-- of these waits runs the same, bounded, in a subtransaction that is then rolled back,
+-- and the write is made again in the transaction itself.
 
 ------------------------------------------------------------------------------
 -- Tables: the native edition's, plus `xact` (the transaction that wrote the row's
@@ -222,7 +225,9 @@ DECLARE
   own text;
   waiting_for text;
   id_busy boolean;
+  written boolean;
   taken integer;
+  keep boolean;
 BEGIN
   -- Arguments, in the native order; then 25006, before anything is read. (Checked
   -- here, and the helpers called only to raise: each call of a function with a SET
@@ -282,39 +287,22 @@ BEGIN
 
   -- What may wait, at most idempotency.wait_timeout in all, as the native edition
   -- waits: for the aggregate's counter holding nothing (its holder may be about to emit
-  -- this id); then the id is inserted without waiting (1 ms): if another transaction
-  -- is emitting it, everything is taken back (the subtransaction), that transaction is
-  -- waited for holding nothing, and the emit looks again.
-  taken := coalesce(nullif(current_setting('idempotency.subtransactions', true), ''), '0')::integer;
-  IF taken >= 48 THEN
-    -- No more subtransactions in this transaction (idempotency._take_subtransaction):
-    -- the writes run in it, and a wait is bounded by lock_timeout and the deadlock
-    -- detector alone.
-    IF v_aggregate IS NOT NULL THEN
-      UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq + 1
-        WHERE a.ctid = (SELECT f.ctid FROM idempotency.outbox_aggregates f
-                        WHERE f.topic = v_topic AND f.aggregate = v_aggregate
-                        FOR UPDATE SKIP LOCKED)
-        RETURNING a.last_seq INTO v_seq;
-      IF v_seq IS NULL THEN
-        INSERT INTO idempotency.outbox_aggregates AS a (topic, aggregate, last_seq)
-          VALUES (v_topic, v_aggregate, 1)
-          ON CONFLICT ON CONSTRAINT outbox_aggregates_pkey DO UPDATE SET last_seq = a.last_seq + 1
-          RETURNING a.last_seq INTO v_seq;
-      END IF;
-    END IF;
-    INSERT INTO idempotency.outbox AS o (event_id, position, topic, aggregate, seq, payload,
-                                         headers, emitted_at, state, attempt, xact)
-      VALUES (v_id, nextval('idempotency.outbox_position'), v_topic, v_aggregate, v_seq,
-              v_payload, v_headers, clock_timestamp(), 'p', 0, pg_current_xact_id())
-      ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING;
-    IF NOT FOUND AND v_seq IS NOT NULL THEN
-      UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq - 1
-        WHERE a.topic = v_topic AND a.aggregate = v_aggregate;
-    END IF;
-    RETURN v_id;
+  -- this id); then the id: without an aggregate the insert waits for another
+  -- transaction emitting it; with one it is inserted without waiting (1 ms): if another
+  -- transaction is emitting it, everything is taken back (the subtransaction), that
+  -- transaction is waited for holding nothing, and the emit looks again. Past the
+  -- 48-subtransaction cap (idempotency._take_subtransaction) the same waits run in a
+  -- subtransaction that is then rolled back (a rolled-back subtransaction takes no slot
+  -- of PostgreSQL's cache of them), and the writes are made again in the transaction
+  -- itself: only another transaction writing the counter or the id in between those
+  -- two is waited for without the bound.
+  -- (No NULLIF: it compares with the caller's `=`.)
+  taken := CASE WHEN current_setting('idempotency.subtransactions', true) = '' THEN 0
+                ELSE coalesce(current_setting('idempotency.subtransactions', true), '0')::integer END;
+  keep := taken < 48;
+  IF keep THEN
+    PERFORM set_config('idempotency.subtransactions', (taken + 1)::text, true);
   END IF;
-  PERFORM set_config('idempotency.subtransactions', (taken + 1)::text, true);
   started := clock_timestamp();
   own := current_setting('lock_timeout');
   IF own = '0' AND coalesce(current_setting('idempotency.wait_timeout', true), '') = '' THEN
@@ -327,6 +315,7 @@ BEGIN
     timeout := CASE WHEN own = '0' THEN greatest(remaining, 1)::text
                     ELSE idempotency._lock_timeout(remaining) END;
     id_busy := false;
+    written := false;
     BEGIN
       IF timeout IS NOT NULL THEN
         PERFORM set_config('lock_timeout', timeout, true);
@@ -348,38 +337,75 @@ BEGIN
       END IF;
       IF given THEN
         waiting_for := 'event id';
-        PERFORM set_config('lock_timeout', '1', true);
+        IF v_aggregate IS NOT NULL THEN
+          PERFORM set_config('lock_timeout', '1', true);  -- not holding the counter
+        END IF;
       END IF;
       INSERT INTO idempotency.outbox AS o (event_id, position, topic, aggregate, seq, payload,
                                            headers, emitted_at, state, attempt, xact)
         VALUES (v_id, nextval('idempotency.outbox_position'), v_topic, v_aggregate, v_seq,
                 v_payload, v_headers, clock_timestamp(), 'p', 0, pg_current_xact_id())
         ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING;
-      IF NOT FOUND AND v_seq IS NOT NULL THEN
+      written := FOUND;
+      IF NOT written AND v_seq IS NOT NULL THEN
         -- Another transaction stored the id meanwhile: that event is the one, and the
         -- seq taken goes back (the counter stays locked: no one took the next).
         UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq - 1
           WHERE a.topic = v_topic AND a.aggregate = v_aggregate;
       END IF;
       PERFORM set_config('lock_timeout', own, true);
-    EXCEPTION WHEN lock_not_available THEN
-      IF waiting_for = 'event id' THEN
-        id_busy := true;  -- another transaction emits the id: taken back, waited for below
-      ELSIF timeout IS NULL THEN
-        RAISE;  -- the caller's own lock_timeout
-      ELSE
-        -- The wait for the aggregate ran out. The native edition looks at the id
-        -- first: if another transaction is emitting it, that is what it waited for; if
-        -- it is stored by now, it is the one.
-        IF given THEN
-          CASE idempotency._event_id_probe(v_id, '1')
-            WHEN 'busy' THEN waiting_for := 'event id';
-            WHEN 'stored' THEN RETURN v_id;
-            ELSE NULL;
-          END CASE;
-        END IF;
-        PERFORM idempotency._raise_emit_in_progress(waiting_for);
+      IF NOT keep THEN
+        RAISE EXCEPTION USING ERRCODE = 'IK999';  -- past the cap: it only waited
       END IF;
+    EXCEPTION
+      WHEN lock_not_available THEN
+        IF waiting_for = 'event id' AND v_aggregate IS NOT NULL THEN
+          id_busy := true;  -- another transaction emits the id: taken back, waited for below
+        ELSIF timeout IS NULL THEN
+          RAISE;  -- the caller's own lock_timeout
+        ELSE
+          -- The wait ran out. For the aggregate, the native edition looks at the id
+          -- first: if another transaction is emitting it, that is what it waited for;
+          -- if it is stored by now, it is the one.
+          IF given AND waiting_for = 'aggregate' THEN
+            CASE idempotency._event_id_probe(v_id, '1')
+              WHEN 'busy' THEN waiting_for := 'event id';
+              WHEN 'stored' THEN RETURN v_id;
+              ELSE NULL;
+            END CASE;
+          END IF;
+          PERFORM idempotency._raise_emit_in_progress(waiting_for);
+        END IF;
+      WHEN SQLSTATE 'IK999' THEN
+        -- Past the cap, after the bounded wait: the writes in the transaction itself
+        -- (none when the id was found stored).
+        IF NOT written THEN
+          RETURN v_id;
+        END IF;
+        IF v_aggregate IS NOT NULL THEN
+          v_seq := NULL;
+          UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq + 1
+            WHERE a.ctid = (SELECT f.ctid FROM idempotency.outbox_aggregates f
+                            WHERE f.topic = v_topic AND f.aggregate = v_aggregate
+                            FOR UPDATE SKIP LOCKED)
+            RETURNING a.last_seq INTO v_seq;
+          IF v_seq IS NULL THEN
+            INSERT INTO idempotency.outbox_aggregates AS a (topic, aggregate, last_seq)
+              VALUES (v_topic, v_aggregate, 1)
+              ON CONFLICT ON CONSTRAINT outbox_aggregates_pkey DO UPDATE SET last_seq = a.last_seq + 1
+              RETURNING a.last_seq INTO v_seq;
+          END IF;
+        END IF;
+        INSERT INTO idempotency.outbox AS o (event_id, position, topic, aggregate, seq, payload,
+                                             headers, emitted_at, state, attempt, xact)
+          VALUES (v_id, nextval('idempotency.outbox_position'), v_topic, v_aggregate, v_seq,
+                  v_payload, v_headers, clock_timestamp(), 'p', 0, pg_current_xact_id())
+          ON CONFLICT ON CONSTRAINT outbox_pkey DO NOTHING;
+        IF NOT FOUND AND v_seq IS NOT NULL THEN
+          UPDATE idempotency.outbox_aggregates a SET last_seq = a.last_seq - 1
+            WHERE a.topic = v_topic AND a.aggregate = v_aggregate;
+        END IF;
+        RETURN v_id;
     END;
     IF NOT id_busy THEN
       RETURN v_id;
@@ -390,11 +416,17 @@ BEGIN
     CASE idempotency._event_id_probe(v_id, timeout)
       WHEN 'busy' THEN PERFORM idempotency._raise_emit_in_progress('event id');
       WHEN 'stored' THEN RETURN v_id;
-      ELSE NULL;  -- its emitter rolled back: look again
+      ELSE
+        -- Its emitter rolled back: look again, within the bound (other emitters of the
+        -- id taking it at every look are as busy as a wait running out).
+        IF remaining <= 0 THEN
+          PERFORM idempotency._raise_emit_in_progress('event id');
+        END IF;
     END CASE;
   END LOOP;
-  RAISE EXCEPTION 'idem_emit could not settle on event id "%"', v_id
-    USING ERRCODE = 'internal_error';
+  -- Other transactions took the id at every look: as busy as a wait running out.
+  PERFORM idempotency._raise_emit_in_progress('event id');
+  RETURN NULL;
 END $$;
 -- Emitting is a privilege (SPEC v1.2): events belong to the database, so a role that
 -- could emit could pre-empt another's event id or hold its aggregate.
@@ -542,6 +574,7 @@ DECLARE
   busy text[];
   timeout text;
   own text;
+  keep boolean;
 BEGIN
   IF ids IS NULL THEN
     -- Every dead letter (retry), through the dead letters' index.
@@ -576,23 +609,12 @@ BEGIN
   IF busy IS NULL THEN
     RETURN settled;
   END IF;
-  IF NOT idempotency._take_subtransaction() THEN
-    -- None left in this transaction: written in it, a wait bounded by lock_timeout and
-    -- the deadlock detector alone.
-    UPDATE idempotency.outbox o SET
-        state = CASE how WHEN 'ack' THEN 'd' WHEN 'dead' THEN 'x' ELSE 'p' END,
-        delivered_at = CASE WHEN how = 'ack' THEN v_now ELSE o.delivered_at END,
-        lease_expires_at = NULL,
-        relay = CASE WHEN how = 'retry' THEN NULL ELSE o.relay END,
-        reason = CASE WHEN how = 'dead' THEN v_reason ELSE o.reason END,
-        xact = pg_current_xact_id()
-      WHERE o.event_id = ANY (busy)
-        AND CASE WHEN how = 'retry' THEN o.state::text = 'x'
-                 ELSE o.state::text = 'p' AND o.relay = v_relay AND o.lease_expires_at IS NOT NULL END;
-    GET DIAGNOSTICS more = ROW_COUNT;
-    RETURN settled + more;
-  END IF;
+  -- In a subtransaction, so that a wait running out is an answer; past the cap
+  -- (idempotency._take_subtransaction, counted inside it) it only waits, is rolled back
+  -- (taking no slot of PostgreSQL's cache of subtransactions), and the events are
+  -- written again in the transaction itself.
   BEGIN
+    keep := idempotency._take_subtransaction();
     timeout := idempotency._lock_timeout(idempotency._wait_ms(NULL));
     IF timeout IS NOT NULL THEN
       own := current_setting('lock_timeout');
@@ -612,11 +634,29 @@ BEGIN
     IF own IS NOT NULL THEN
       PERFORM set_config('lock_timeout', own, true);
     END IF;
-  EXCEPTION WHEN lock_not_available THEN
-    IF timeout IS NULL THEN
-      RAISE;  -- the caller's own lock_timeout
+    IF NOT keep THEN
+      RAISE EXCEPTION USING ERRCODE = 'IK999';
     END IF;
-    more := 0;  -- still busy: left as they are
+  EXCEPTION
+    WHEN lock_not_available THEN
+      IF timeout IS NULL THEN
+        RAISE;  -- the caller's own lock_timeout
+      END IF;
+      more := 0;  -- still busy: left as they are
+    WHEN SQLSTATE 'IK999' THEN
+      IF more > 0 THEN
+        UPDATE idempotency.outbox o SET
+            state = CASE how WHEN 'ack' THEN 'd' WHEN 'dead' THEN 'x' ELSE 'p' END,
+            delivered_at = CASE WHEN how = 'ack' THEN v_now ELSE o.delivered_at END,
+            lease_expires_at = NULL,
+            relay = CASE WHEN how = 'retry' THEN NULL ELSE o.relay END,
+            reason = CASE WHEN how = 'dead' THEN v_reason ELSE o.reason END,
+            xact = pg_current_xact_id()
+          WHERE o.event_id = ANY (busy)
+            AND CASE WHEN how = 'retry' THEN o.state::text = 'x'
+                     ELSE o.state::text = 'p' AND o.relay = v_relay AND o.lease_expires_at IS NOT NULL END;
+        GET DIAGNOSTICS more = ROW_COUNT;
+      END IF;
   END;
   RETURN settled + more;
 END $$;
@@ -713,6 +753,7 @@ DECLARE
   timeout pg_catalog.text;
   own pg_catalog.text;
   taken pg_catalog.int4;
+  keep pg_catalog.bool;
 BEGIN
   -- Arguments, in the native order; then 25006, before anything is read.
   IF v_scope IS NULL OR v_entity IS NULL OR v_version IS NULL
@@ -757,21 +798,15 @@ BEGIN
                      OPERATOR(pg_catalog.=) '' THEN 0
                 ELSE coalesce(pg_catalog.current_setting('idempotency.subtransactions', true),
                               '0')::pg_catalog.int4 END;
-  IF taken OPERATOR(pg_catalog.>=) 48 THEN
-    INSERT INTO idempotency.applied_versions AS a (role, expires_at, version, scope, entity, xact)
-      VALUES (me, v_now OPERATOR(pg_catalog.+) v_ttl, v_version, v_scope, v_entity,
-              pg_catalog.pg_current_xact_id())
-      ON CONFLICT ON CONSTRAINT applied_versions_pkey DO UPDATE
-        SET expires_at = excluded.expires_at, version = excluded.version, xact = excluded.xact
-        WHERE NOT ((a.expires_at OPERATOR(pg_catalog.>) v_now
-                    OR a.xact OPERATOR(pg_catalog.=) excluded.xact)
-                   AND a.version OPERATOR(pg_catalog.>=) excluded.version)
-      RETURNING true INTO applied;
-    RETURN coalesce(applied, false);
-  END IF;
-  PERFORM pg_catalog.set_config('idempotency.subtransactions',
-                                (taken OPERATOR(pg_catalog.+) 1)::pg_catalog.text, true);
+  -- Past the cap, the same wait in a subtransaction that is then rolled back (taking no
+  -- slot of PostgreSQL's cache of subtransactions), and the record written again in the
+  -- transaction itself.
+  keep := taken OPERATOR(pg_catalog.<) 48;
   BEGIN
+    IF keep THEN
+      PERFORM pg_catalog.set_config('idempotency.subtransactions',
+                                    (taken OPERATOR(pg_catalog.+) 1)::pg_catalog.text, true);
+    END IF;
     own := pg_catalog.current_setting('lock_timeout');
     IF own OPERATOR(pg_catalog.=) '0'
        AND coalesce(pg_catalog.current_setting('idempotency.wait_timeout', true), '')
@@ -795,14 +830,31 @@ BEGIN
     IF timeout IS NOT NULL THEN
       PERFORM pg_catalog.set_config('lock_timeout', own, true);
     END IF;
-  EXCEPTION WHEN lock_not_available THEN
-    IF timeout IS NULL THEN
-      RAISE;  -- the caller's own lock_timeout
+    IF NOT keep THEN
+      RAISE EXCEPTION USING ERRCODE = 'IK999';  -- past the cap: it only waited
     END IF;
-    RAISE EXCEPTION 'entity "%" in scope "%" is being applied by another transaction',
-        v_entity, v_scope
-      USING ERRCODE = 'IK005', DETAIL = 'It did not end within idempotency.wait_timeout.',
-            HINT = 'Retry later.';
+  EXCEPTION
+    WHEN lock_not_available THEN
+      IF timeout IS NULL THEN
+        RAISE;  -- the caller's own lock_timeout
+      END IF;
+      RAISE EXCEPTION 'entity "%" in scope "%" is being applied by another transaction',
+          v_entity, v_scope
+        USING ERRCODE = 'IK005', DETAIL = 'It did not end within idempotency.wait_timeout.',
+              HINT = 'Retry later.';
+    WHEN SQLSTATE 'IK999' THEN
+      IF applied THEN
+        applied := NULL;
+        INSERT INTO idempotency.applied_versions AS a (role, expires_at, version, scope, entity, xact)
+          VALUES (me, v_now OPERATOR(pg_catalog.+) v_ttl, v_version, v_scope, v_entity,
+                  pg_catalog.pg_current_xact_id())
+          ON CONFLICT ON CONSTRAINT applied_versions_pkey DO UPDATE
+            SET expires_at = excluded.expires_at, version = excluded.version, xact = excluded.xact
+            WHERE NOT ((a.expires_at OPERATOR(pg_catalog.>) v_now
+                        OR a.xact OPERATOR(pg_catalog.=) excluded.xact)
+                       AND a.version OPERATOR(pg_catalog.>=) excluded.version)
+          RETURNING true INTO applied;
+      END IF;
   END;
   RETURN coalesce(applied, false);
 END $$;

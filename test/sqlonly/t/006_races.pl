@@ -4,7 +4,9 @@
 # Eight sessions of a role that is not the owner released at the same instant, 30
 # rounds of each (IDEM_RACE_ROUNDS): exactly one winner where the SPEC says so, and no
 # SQLSTATE the SPEC does not name (before issue 50, a takeover could end in XX000
-# "could not settle").
+# "could not settle"). Then messaging (IdemRaces::run_messaging): emits for one
+# aggregate (also past the 48-subtransaction cap, where the wait stays bounded), of one
+# event id, applies of one entity's versions, acks of the same events.
 use strict;
 use warnings;
 use PostgreSQL::Test::Cluster;
