@@ -20,6 +20,15 @@ for f in "$here"/sql/*.sql; do
   cat "$f" >>"$body"
   printf '\n' >>"$body"
 done
+# A released version's sources are frozen (sqlonly/released/VERSION.sql, pinned in
+# scripts/released.sha256): the build of that version must give exactly them. Changes
+# go into a new version and its update file.
+released=$here/released/$version.sql
+if [ -f "$released" ] && ! cmp -s "$body" "$released"; then
+  echo "build.sh: $version is released and sqlonly/sql/ no longer gives sqlonly/released/$version.sql;" >&2
+  echo "build.sh: change the sources for a new version (default_version) with an update in sqlonly/updates/" >&2
+  exit 1
+fi
 if grep -q '\$_pgtle_\$' "$body"; then
   echo "build.sh: the sources contain \$_pgtle_\$, which pg_tle's installer uses as its quote" >&2
   exit 1

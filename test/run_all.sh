@@ -5,7 +5,9 @@
 #   2. packs the source with `make dist` and works from that tarball from here on (so
 #      the tests also prove the tarball complete); checks META.json and that the
 #      derived update script (idempotency--1.2--1.4.sql) is what
-#      scripts/update_scripts.sh makes of its sources; builds the Debian package
+#      scripts/update_scripts.sh makes of its sources, and that no released script changed
+#      (scripts/released.sha256: the native 1.0 to 1.5 scripts, the SQL-only edition's
+#      1.5 sources in sqlonly/released/); builds the Debian package
 #      (debian/, pg_buildext), installs it with apt-get on PostgreSQL 15 and runs
 #      pg_regress (REGRESS) against it with PGXS's `make installcheck`, then removes it
 #      again; builds (with WERROR=1: a compiler warning fails the build) and installs
@@ -382,6 +384,18 @@ check_update_scripts() {
   fi
 }
 
+# Released scripts never change: the native edition's install and update scripts of
+# 1.0 to 1.5 and the SQL-only edition's 1.5 sources (sqlonly/released/), each pinned by
+# its sha256 in scripts/released.sha256.
+check_released_scripts() {
+  say "package: released scripts unchanged (scripts/released.sha256)"
+  if (cd "$work/src" && sha256sum --check --strict --quiet scripts/released.sha256); then
+    count 1 0
+  else
+    stage_failed "a released script changed: its changes belong in the next version's update"
+  fi
+}
+
 # How scripts/pg_versions.sh provisions and falls back, against stand-ins for apt-get
 # and the build: one pass or failure per check the script prints.
 check_pg_versions_script() {
@@ -683,6 +697,7 @@ cd "$work/src"
 if selected package package; then
   check_meta
   check_update_scripts
+  check_released_scripts
   check_pg_versions_script
   check_citus_script
   check_sqlonly_deps_script
