@@ -3,7 +3,7 @@
 -- aggregate, operator, catalog relation and base type of pg_catalog and of the
 -- extension's own schema that can be made (generated from the catalogs), and a
 -- collation "C" that sorts otherwise; each look-alike fails loudly when used: a WARNING
--- naming it (seen even where an error would be caught), then an error (stubs of
+-- naming it (seen even where an error would be caught), then an error (look-alikes of
 -- functions taking "any", which PL/pgSQL cannot take: the error alone). With that
 -- search_path every public function of the contract is called on its main paths, and
 -- must answer as it does without it.
@@ -24,7 +24,7 @@ DECLARE
   trap text;
 BEGIN
   -- Functions and aggregates, with the same arguments and results. What PL/pgSQL
-  -- cannot take ("any", internal, ...) gets a C stub that always fails ('cannot
+  -- cannot take ("any", internal, ...) gets a C function that always fails ('cannot
   -- accept a value of type any'); what neither can be is left out.
   FOR o IN SELECT p.oid, p.proname, p.prokind, pg_get_function_arguments(p.oid) AS args,
                   pg_get_function_identity_arguments(p.oid) AS ident,
