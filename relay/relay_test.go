@@ -70,3 +70,19 @@ func TestBackoffGrowsWithJitterToTheMaximum(t *testing.T) {
 		}
 	}
 }
+
+// Every delivery of an event over HTTP is the same body (the attempt goes in a header),
+// so that a receiver fingerprinting the request replays a redelivery.
+func TestHTTPBodyWithoutAttempt(t *testing.T) {
+	agg, seq := "a1", int64(3)
+	e := Event{ID: "e1", Topic: "t", Aggregate: &agg, Seq: &seq, Attempt: 1,
+		EmittedAt: time.Unix(0, 0).UTC(), Headers: []byte(`{}`), Payload: []byte(`{"n":1}`)}
+	first := string(httpBody(&e))
+	e.Attempt = 2
+	if again := string(httpBody(&e)); again != first {
+		t.Fatalf("the body changed with the attempt: %s then %s", first, again)
+	}
+	if strings.Contains(first, "attempt") || !strings.Contains(first, `"seq":3`) || !strings.Contains(first, `"id":"e1"`) {
+		t.Fatalf("unexpected body %s", first)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -109,13 +110,14 @@ func (s *httpSink) Publish(ctx context.Context, e *Event) Result {
 	if target == "" {
 		return Result{Outcome: Dead, Reason: fmt.Sprintf("no --http-route matches topic %q and --http-url is not set", e.Topic)}
 	}
-	body := envelope(e)
+	body := httpBody(e)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, bytes.NewReader(body))
 	if err != nil {
 		return Result{Outcome: Dead, Reason: fmt.Sprintf("bad URL %q for topic %q: %v", target, e.Topic, err)}
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Idempotency-Key", `"`+e.ID+`"`)
+	req.Header.Set("Idem-Attempt", strconv.Itoa(e.Attempt))
 	req.Header.Set("User-Agent", "idem-relay")
 	for k, v := range s.cfg.HTTPHeaders {
 		req.Header.Set(k, v)
@@ -174,3 +176,21 @@ func retryAfter(v string) time.Duration {
 
 func (s *httpSink) Flush(ctx context.Context) error { return nil }
 func (s *httpSink) Close()                          { s.client.CloseIdleConnections() }
+
+// httpBody is the event as JSON without its attempt, which goes in the Idem-Attempt
+// header instead: every delivery of an event is then the same request (same key, same
+// body), so a receiver that fingerprints the request, as this project's middleware does,
+// replays a redelivery after a relay restart instead of refusing it as a different
+// request for the same key (IK001, a 422 that would make the event a dead letter).
+func httpBody(e *Event) []byte {
+	b, _ := json.Marshal(struct {
+		ID        string          `json:"id"`
+		Topic     string          `json:"topic"`
+		Aggregate *string         `json:"aggregate"`
+		Seq       *int64          `json:"seq"`
+		EmittedAt time.Time       `json:"emitted_at"`
+		Headers   json.RawMessage `json:"headers"`
+		Payload   json.RawMessage `json:"payload"`
+	}{e.ID, e.Topic, e.Aggregate, e.Seq, e.EmittedAt, e.Headers, e.Payload})
+	return b
+}

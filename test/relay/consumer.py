@@ -74,7 +74,7 @@ class Handler(BaseHTTPRequestHandler):
                                      (event["id"], event["topic"], event["aggregate"], event["seq"]))
             conn.execute("INSERT INTO arrivals(event_id, topic, aggregate, seq, attempt, status, idem_key, path) "
                          "VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                         (event["id"], event["topic"], event["aggregate"], event["seq"], event["attempt"], status,
+                         (event["id"], event["topic"], event["aggregate"], event["seq"], int(self.headers.get("Idem-Attempt", "0")), status,
                           key, self.path))
         except psycopg.Error as error:
             print("database:", error, file=sys.stderr, flush=True)

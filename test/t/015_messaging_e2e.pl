@@ -16,7 +16,6 @@ use strict;
 use warnings;
 use IO::Socket::INET;
 use IPC::Run;
-use POSIX qw(WNOHANG);
 use Time::HiRes qw(time sleep);
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
@@ -24,6 +23,7 @@ use Test::More;
 use FindBin;
 use lib "$FindBin::RealBin/lib";
 use IdemCheck;
+use IdemProcesses;
 
 my $rabbit_bin = '/usr/lib/rabbitmq/bin';
 die "$rabbit_bin/rabbitmq-server is missing: install the Debian package rabbitmq-server "
@@ -59,85 +59,6 @@ $node->safe_psql('shop', q{
 
 my $connstr = 'host=' . $node->host . ' port=' . $node->port;
 my $log_path = $PostgreSQL::Test::Utils::log_path;
-
-# Processes of the test, each in a process group of its own (so that stopping one
-# reaches what it started, like the Erlang VM under rabbitmq-server), its output
-# appended to a log of the test; the END block stops those still running.
-my @processes;
-
-sub spawn {
-	my ($name, $env, @command) = @_;
-	my $process = { name => $name, log => "$log_path/$name.log" };
-	my $pid = fork() // die "fork: $!";
-	if ($pid == 0) {
-		POSIX::setsid();
-		open(STDIN, '<', '/dev/null')
-		  && open(STDOUT, '>>', $process->{log})
-		  && open(STDERR, '>&', \*STDOUT)
-		  or POSIX::_exit(126);
-		@ENV{ keys %$env } = values %$env;
-		exec(@command) or POSIX::_exit(127);
-	}
-	$process->{pid} = $pid;
-	push @processes, $process;
-	return $process;
-}
-
-sub running {
-	my ($process) = @_;
-	return 0 if defined $process->{status};
-	return 1 if waitpid($process->{pid}, WNOHANG) == 0;
-	$process->{status} = $?;
-	return 0;
-}
-
-# Sends $signal to the process (or, with $group, to its process group) and waits at
-# most $seconds for it to exit; then kills the group. Returns its exit status, or
-# undef if it had to be killed.
-sub stop_process {
-	my ($process, $signal, $seconds, $group) = @_;
-	return $process->{status} unless running($process);
-	kill $signal, ($group ? -$process->{pid} : $process->{pid});
-	my $deadline = time + $seconds;
-	while (running($process)) {
-		if (time > $deadline) {
-			kill 'KILL', -$process->{pid};
-			waitpid($process->{pid}, 0);
-			$process->{status} = $?;
-			return undef;
-		}
-		sleep 0.05;
-	}
-	return $process->{status};
-}
-
-END {
-	my $failed = $? != 0 || !Test::More->builder->is_passing;
-	local $?;
-	for my $process (reverse @processes) {
-		stop_process($process, 'TERM', 15, 1);
-	}
-	if ($failed) {
-		for my $log (map { $_->{log} } @processes) {
-			next unless -e $log;
-			my @lines = split /\n/, slurp_file($log);
-			splice(@lines, 0, @lines - 40) if @lines > 40;
-			diag("the last lines of $log:\n" . join("\n", @lines));
-		}
-	}
-}
-
-# Calls $check every 0.1 s until it returns true, for at most $seconds; returns
-# whether it did.
-sub wait_until {
-	my ($seconds, $check) = @_;
-	my $deadline = time + $seconds;
-	until ($check->()) {
-		return 0 if time > $deadline;
-		sleep 0.1;
-	}
-	return 1;
-}
 
 # The lines of a process's log that match $re (in scalar context, how many).
 sub log_lines {
@@ -179,13 +100,13 @@ my %rabbit_env = (
 	RABBITMQ_PLUGINS_EXPAND_DIR => "$rabbit_dir/plugins",
 	RABBITMQ_PID_FILE => "$rabbit_dir/rabbitmq.pid");
 # The port mapper in the foreground, so that it ends with the test.
-my $epmd = spawn('epmd', \%rabbit_env, '/usr/bin/epmd', '-port', $epmd_port);
+my $epmd = spawn('epmd', \%rabbit_env, undef, '/usr/bin/epmd', '-port', $epmd_port);
 my $rabbit;
 my $rabbit_starts = 0;
 
 sub start_rabbit {
 	$rabbit_starts++;
-	$rabbit = spawn("rabbitmq-$rabbit_starts", \%rabbit_env, "$rabbit_bin/rabbitmq-server");
+	$rabbit = spawn("rabbitmq-$rabbit_starts", \%rabbit_env, undef, "$rabbit_bin/rabbitmq-server");
 	wait_until(90,
 		sub {
 			die "rabbitmq-server exited with status $rabbit->{status}" unless running($rabbit);
@@ -223,7 +144,7 @@ sub start_consumer {
 	my $consumer = spawn(
 		"consumer-$consumer_starts",
 		{ DATABASE_URL => "$connstr dbname=ledger", AMQP_URL => $amqp_url, TOPICS => $topics },
-		'/usr/bin/python3', 'examples/messaging/consumer.py');
+		undef, '/usr/bin/python3', 'examples/messaging/consumer.py');
 	wait_until(30,
 		sub { running($consumer) && log_lines($consumer, qr/connected to the broker/) })
 	  or die "the consumer did not start";
@@ -240,7 +161,7 @@ sub start_relay {
 		  LEASE => '3s',
 		  BATCH_SIZE => $settings{batch} // 50,
 		  PUBLISH_DELAY => $settings{delay} // 0 },
-		'/usr/bin/python3', 'examples/messaging/relay.py');
+		undef, '/usr/bin/python3', 'examples/messaging/relay.py');
 }
 
 sub undelivered {
@@ -447,10 +368,10 @@ is( $node->safe_psql('ledger',
 # The relay killed mid-batch: what it published was published again by another
 # relay once its lease ran out, and the consumer skipped the second copies.
 my %duplicates = map { / duplicate (\S+)/ ? ($1 => 1) : () }
-  map { log_lines($_, qr/ duplicate /) } grep { $_->{name} =~ /^consumer/ } @processes;
+  map { log_lines($_, qr/ duplicate /) } grep { $_->{name} =~ /^consumer/ } processes();
 is(scalar(grep { !$duplicates{$_} } @published_unacked), 0,
 	'each event relay-1 published before SIGKILL reached the consumer again and was skipped');
-is(scalar(map { log_lines($_, qr/ stale /) } grep { $_->{name} =~ /^consumer/ } @processes),
+is(scalar(map { log_lines($_, qr/ stale /) } grep { $_->{name} =~ /^consumer/ } processes()),
 	0, 'no event arrived after a later one of its account');
 
 # Nothing left to relay.
@@ -470,7 +391,7 @@ like($stderr, qr/permission denied for function idem_outbox_claim/,
 for my $process (@relays, $consumer) {
 	is(stop_process($process, 'TERM', 30), 0, "$process->{name} stopped cleanly on SIGTERM");
 }
-for my $process (grep { $_->{name} =~ /^(relay|consumer)/ } @processes) {
+for my $process (grep { $_->{name} =~ /^(relay|consumer)/ } processes()) {
 	is(scalar(log_lines($process, qr/Traceback/)), 0, "$process->{name} logged no traceback");
 }
 is(stop_rabbit(), 0, 'RabbitMQ stopped cleanly');

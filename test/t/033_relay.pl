@@ -20,12 +20,14 @@ use strict;
 use warnings;
 use Cwd qw(abs_path);
 use IO::Socket::INET;
-use POSIX qw(WNOHANG);
 use Time::HiRes qw(time sleep);
 use JSON::PP;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use FindBin;
+use lib "$FindBin::RealBin/lib";
+use IdemProcesses;
 
 my $repo = abs_path('.');
 my $python = '/usr/bin/python3';
@@ -59,80 +61,6 @@ $node->safe_psql('shop', q{
 
 my $log_path = $PostgreSQL::Test::Utils::log_path;
 my $tmp = PostgreSQL::Test::Utils::tempdir();
-
-# --- processes --------------------------------------------------------------------
-my @processes;
-
-sub spawn {
-	my ($name, $env, $stdout, @command) = @_;
-	my $process = { name => $name, log => "$log_path/$name.log" };
-	my $pid = fork() // die "fork: $!";
-	if ($pid == 0) {
-		POSIX::setsid();
-		open(STDIN, '<', '/dev/null')
-		  && open(STDOUT, '>>', $stdout // $process->{log})
-		  && open(STDERR, '>>', $process->{log})
-		  or POSIX::_exit(126);
-		@ENV{ keys %$env } = values %$env;
-		exec(@command) or POSIX::_exit(127);
-	}
-	$process->{pid} = $pid;
-	push @processes, $process;
-	return $process;
-}
-
-sub running {
-	my ($process) = @_;
-	return 0 if defined $process->{status};
-	return 1 if waitpid($process->{pid}, WNOHANG) == 0;
-	$process->{status} = $?;
-	return 0;
-}
-
-# Sends $signal, waits at most $seconds for the exit; then SIGKILL. Returns the wait
-# status, or undef if it had to be killed.
-sub stop_process {
-	my ($process, $signal, $seconds) = @_;
-	return $process->{status} unless running($process);
-	kill $signal, $process->{pid};
-	my $deadline = time + $seconds;
-	while (running($process)) {
-		if (time > $deadline) {
-			kill 'KILL', -$process->{pid};
-			waitpid($process->{pid}, 0);
-			$process->{status} = $?;
-			return undef;
-		}
-		sleep 0.05;
-	}
-	return $process->{status};
-}
-
-END {
-	my $failed = $? != 0 || !Test::More->builder->is_passing;
-	local $?;
-	for my $process (reverse @processes) {
-		stop_process($process, 'KILL', 5);
-	}
-	if ($failed) {
-		for my $log (map { $_->{log} } @processes) {
-			next unless -e $log;
-			my @lines = split /\n/, slurp_file($log);
-			splice(@lines, 0, @lines - 30) if @lines > 30;
-			diag("the last lines of $log:\n" . join("\n", @lines));
-		}
-	}
-}
-
-sub wait_until {
-	my ($seconds, $check) = @_;
-	my $deadline = time + $seconds;
-	until ($check->()) {
-		return 0 if time > $deadline;
-		sleep 0.1;
-	}
-	return 1;
-}
 
 sub free_port { return PostgreSQL::Test::Cluster::get_free_port(); }
 
