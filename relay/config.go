@@ -43,6 +43,7 @@ type Config struct {
 	AMQPExType   string
 	AMQPDeclare  bool
 	AMQPTimeout  time.Duration
+	AMQPPipeline int
 	NATSURL      string
 	NATSPrefix   string
 	NATSStream   string
@@ -88,6 +89,7 @@ var settings = []setting{
 	{"amqp-exchange-type", "topic", "amqp sink: the exchange's type when declared", false},
 	{"amqp-declare", "true", "amqp sink: declare the exchange (durable) at start; false: only check it exists", false},
 	{"amqp-timeout", "10s", "amqp sink: time allowed for the broker's confirm", false},
+	{"amqp-pipeline", "1", "amqp sink: an aggregate's events published before the first is confirmed (1: each after the previous confirm). Faster above 1, but a basic.nack (a queue's overflow=reject-publish, an internal error) then lets later events reach the queue before the refused one's retry", false},
 	{"nats-url", "nats://127.0.0.1:4222", "nats sink: the server(s), comma-separated", false},
 	{"nats-subject-prefix", "", "nats sink: prepended to the topic to make the subject", false},
 	{"nats-stream", "", "nats sink: a stream checked to exist at start (optional)", false},
@@ -302,6 +304,7 @@ func validate(get map[string]sourced) (*Config, error) {
 	c.BatchSize = positive("batch-size", 1)
 	c.Concurrency = positive("concurrency", 1)
 	c.MaxAttempts = positive("max-attempts", 0)
+	c.AMQPPipeline = positive("amqp-pipeline", 1)
 	c.Lease = duration("lease", time.Second)
 	c.Idle = duration("idle", time.Millisecond)
 	c.MaxBackoff = duration("max-backoff", 200*time.Millisecond)

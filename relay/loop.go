@@ -253,58 +253,111 @@ func (r *relay) deliverBatch(ctx context.Context, events []*Event, start time.Ti
 // deliverGroup publishes one aggregate's events of the batch in order. It stops at
 // the first event it cannot deliver now: the rest stay leased, for the next hand-out.
 func (r *relay) deliverGroup(group []*Event, safeEnd time.Time, record func(string, outcome)) {
+	p, ahead := r.sink.(pipeliner)
+	for i := 0; i < len(group); {
+		if ahead && p.window() > 1 && len(group)-i > 1 {
+			if i += r.deliverAhead(p, group[i:], safeEnd, record); i == len(group) {
+				return
+			}
+		}
+		if !r.deliverOne(group[i], safeEnd, record) {
+			return
+		}
+		i++
+	}
+}
+
+// A pipeliner (RabbitMQ with --amqp-pipeline above 1) takes several of an aggregate's
+// events before the first is confirmed: send publishes, the function it returns waits
+// for that event's result.
+type pipeliner interface {
+	window() int
+	send(ctx context.Context, e *Event) func() Result
+}
+
+// deliverAhead publishes up to the sink's window of events at once and returns how many
+// from the first on were delivered; the first that was not is left to deliverOne, which
+// retries it alone (and republishes those after it).
+func (r *relay) deliverAhead(p pipeliner, events []*Event, safeEnd time.Time, record func(string, outcome)) int {
+	if len(events) > p.window() {
+		events = events[:p.window()]
+	}
+	t0 := time.Now()
+	var waits []func() Result
+	for _, e := range events {
+		if time.Now().After(safeEnd) || r.hardCtx.Err() != nil {
+			break
+		}
+		waits = append(waits, p.send(r.hardCtx, e))
+	}
+	delivered, refused := 0, false
+	for i, wait := range waits {
+		res := wait()
+		r.m.publish.WithLabelValues(r.sink.Name()).Observe(time.Since(t0).Seconds())
+		switch {
+		case res.Outcome == Delivered && delivered == i:
+			record(events[i].ID, outcome{delivered: true})
+			delivered++
+		case res.Outcome == Delivered && refused:
+			log.Warn("an event was confirmed after an earlier one of its aggregate was refused: it may reach consumers first",
+				"aggregate", *events[i].Aggregate, "seq", *events[i].Seq, "sink", r.sink.Name())
+			refused = false
+		case res.Outcome == Retry && !res.Unreachable && delivered == i:
+			refused = true
+		}
+	}
+	return delivered
+}
+
+// deliverOne publishes one event until the sink takes it or refuses it for good; false
+// when it must wait for another hand-out (the lease's safe end, a stop).
+func (r *relay) deliverOne(e *Event, safeEnd time.Time, record func(string, outcome)) bool {
 	name := r.sink.Name()
-	for _, e := range group {
-		b := newBackoff(r.cfg.MaxBackoff)
-		tries := 0
-		for {
-			if time.Now().After(safeEnd) || r.hardCtx.Err() != nil {
-				return
+	b := newBackoff(r.cfg.MaxBackoff)
+	tries := 0
+	for {
+		if time.Now().After(safeEnd) || r.hardCtx.Err() != nil {
+			return false
+		}
+		t0 := time.Now()
+		res := r.sink.Publish(r.hardCtx, e)
+		r.m.publish.WithLabelValues(name).Observe(time.Since(t0).Seconds())
+		if res.Outcome == Delivered {
+			record(e.ID, outcome{delivered: true})
+			return true
+		}
+		if res.Outcome == Dead {
+			log.Debug("dead letter", "event", e.ID, "reason", res.Reason)
+			record(e.ID, outcome{dead: res.Reason})
+			return true
+		}
+		r.m.retried.WithLabelValues(e.Topic, name).Inc()
+		wait := res.RetryAfter
+		if res.Unreachable {
+			r.m.sink.set(false, errString(res.Reason))
+		} else if wait == 0 {
+			// A refusal the sink answered: an attempt.
+			tries++
+			if r.cfg.MaxAttempts > 0 && e.Attempt+tries-1 >= r.cfg.MaxAttempts {
+				record(e.ID, outcome{dead: "max_attempts (" + strconv.Itoa(r.cfg.MaxAttempts) + ") reached: " + res.Reason})
+				return true
 			}
-			t0 := time.Now()
-			res := r.sink.Publish(r.hardCtx, e)
-			r.m.publish.WithLabelValues(name).Observe(time.Since(t0).Seconds())
-			if res.Outcome == Delivered {
-				record(e.ID, outcome{delivered: true})
-				break
-			}
-			if res.Outcome == Dead {
-				log.Debug("dead letter", "event", e.ID, "reason", res.Reason)
-				record(e.ID, outcome{dead: res.Reason})
-				break
-			}
-			r.m.retried.WithLabelValues(e.Topic, name).Inc()
-			wait := res.RetryAfter
-			if res.Unreachable {
-				r.m.sink.set(false, errString(res.Reason))
-			} else if wait == 0 {
-				// A refusal the sink answered: an attempt.
-				tries++
-				if r.cfg.MaxAttempts > 0 && e.Attempt+tries-1 >= r.cfg.MaxAttempts {
-					record(e.ID, outcome{dead: "max_attempts (" + strconv.Itoa(r.cfg.MaxAttempts) + ") reached: " + res.Reason})
-					break
-				}
-			}
-			if wait == 0 {
-				wait = b.next()
-			}
-			if r.stopping.Load() || time.Now().Add(wait).After(safeEnd) {
-				return
-			}
-			if res.Unreachable {
-				// Wait for the sink to come back rather than hammer it per aggregate.
-				if !r.sleep(wait) {
-					return
-				}
-				if err := r.sink.Connect(r.hardCtx); err != nil {
-					continue
-				}
-				r.m.sink.set(true, nil)
+		}
+		if wait == 0 {
+			wait = b.next()
+		}
+		if r.stopping.Load() || time.Now().Add(wait).After(safeEnd) {
+			return false
+		}
+		if !r.sleep(wait) {
+			return false
+		}
+		if res.Unreachable {
+			// Wait for the sink to come back rather than hammer it per aggregate.
+			if err := r.sink.Connect(r.hardCtx); err != nil {
 				continue
 			}
-			if !r.sleep(wait) {
-				return
-			}
+			r.m.sink.set(true, nil)
 		}
 	}
 }

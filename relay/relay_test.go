@@ -86,3 +86,23 @@ func TestHTTPBodyWithoutAttempt(t *testing.T) {
 		t.Fatalf("unexpected body %s", first)
 	}
 }
+
+// The man page is the reference beside --help: it must name every flag, its variable
+// and its default.
+func TestManPageNamesEverySetting(t *testing.T) {
+	page, err := os.ReadFile("idem-relay.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	man := strings.ReplaceAll(string(page), `\-`, "-")
+	for _, s := range settings {
+		for _, want := range []string{"--" + s.name + "=", envName(s.name)} {
+			if !strings.Contains(man, want) {
+				t.Errorf("idem-relay.1 does not name %s", want)
+			}
+		}
+		if s.def != "" && !strings.Contains(man, `(default "`+s.def+`")`) {
+			t.Errorf("idem-relay.1 does not give --%s's default %q", s.name, s.def)
+		}
+	}
+}

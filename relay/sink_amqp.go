@@ -9,6 +9,12 @@ package main
 // then acked: refused for good, a dead letter. Nack: try again. Connection lost: the
 // sink is down.
 //
+// With --amqp-pipeline N, up to N of an aggregate's events are published before the
+// first is confirmed: AMQP keeps a channel's order, and the confirms settle them in
+// order. A basic.nack then lets the later events, already routed, reach the queue ahead
+// of the refused one's retry; so N > 1 suits brokers that do not nack (queues without
+// an overflow of reject-publish).
+//
 // Returns and confirms are read by one goroutine: the broker sends a message's
 // basic.return before its basic.ack, and the client hands the return over (unbuffered)
 // before it reads the ack, so the return is recorded before the confirm is looked at.
@@ -148,16 +154,23 @@ func amqpHeaders(e *Event) amqp.Table {
 	return t
 }
 
-func (s *amqpSink) Publish(ctx context.Context, e *Event) Result {
+func (s *amqpSink) Publish(ctx context.Context, e *Event) Result { return s.send(ctx, e)() }
+
+func (s *amqpSink) window() int { return s.cfg.AMQPPipeline }
+
+// send publishes without waiting; the function returned waits for the confirm (the
+// timeout counts from the publication).
+func (s *amqpSink) send(ctx context.Context, e *Event) func() Result {
 	msg := amqp.Publishing{
 		MessageId: e.ID, Type: e.Topic, AppId: "idem-relay", ContentType: "application/json",
 		DeliveryMode: amqp.Persistent, Timestamp: e.EmittedAt, Headers: amqpHeaders(e), Body: e.Payload,
 	}
 	p := &amqpPending{id: e.ID, done: make(chan Result, 1)}
+	failed := func(r Result) func() Result { return func() Result { return r } }
 	s.mu.Lock()
 	if s.ch == nil {
 		s.mu.Unlock()
-		return Result{Outcome: Retry, Reason: "not connected to RabbitMQ", Unreachable: true}
+		return failed(Result{Outcome: Retry, Reason: "not connected to RabbitMQ", Unreachable: true})
 	}
 	tag := s.ch.GetNextPublishSeqNo()
 	s.pending[tag] = p
@@ -166,18 +179,20 @@ func (s *amqpSink) Publish(ctx context.Context, e *Event) Result {
 		delete(s.pending, tag)
 		s.mu.Unlock()
 		// The channel or connection is gone (a closed channel is the usual cause).
-		return Result{Outcome: Retry, Reason: err.Error(), Unreachable: true}
+		return failed(Result{Outcome: Retry, Reason: err.Error(), Unreachable: true})
 	}
 	s.mu.Unlock()
 	t := time.NewTimer(s.cfg.AMQPTimeout)
-	defer t.Stop()
-	select {
-	case r := <-p.done:
-		return r
-	case <-t.C:
-		return Result{Outcome: Retry, Reason: fmt.Sprintf("no confirm from RabbitMQ within %v", s.cfg.AMQPTimeout)}
-	case <-ctx.Done():
-		return Result{Outcome: Retry, Reason: ctx.Err().Error()}
+	return func() Result {
+		defer t.Stop()
+		select {
+		case r := <-p.done:
+			return r
+		case <-t.C:
+			return Result{Outcome: Retry, Reason: fmt.Sprintf("no confirm from RabbitMQ within %v", s.cfg.AMQPTimeout)}
+		case <-ctx.Done():
+			return Result{Outcome: Retry, Reason: ctx.Err().Error()}
+		}
 	}
 }
 

@@ -82,9 +82,12 @@ func (s *source) check(ctx context.Context) error {
 		return classify(err, "checking the relay functions")
 	}
 	var missing []string
-	for name, ok := range map[string]bool{"idem_outbox_claim": claim, "idem_outbox_ack": ack, "idem_outbox_dead": dead} {
-		if !ok {
-			missing = append(missing, name)
+	for _, f := range []struct {
+		name string
+		ok   bool
+	}{{"idem_outbox_claim", claim}, {"idem_outbox_ack", ack}, {"idem_outbox_dead", dead}} {
+		if !f.ok {
+			missing = append(missing, f.name)
 		}
 	}
 	if len(missing) > 0 {

@@ -482,6 +482,16 @@ check_debian_package() {
       missing=1
     fi
   done
+  # The relay's package: the program, its man page and the systemd unit.
+  local listing=
+  deb=$(compgen -G "$dir/idempotency-relay_*.deb" || true)
+  [ -n "$deb" ] && listing=$(dpkg-deb -c "$deb")
+  for file in ./usr/bin/idem-relay ./usr/share/man/man1/idem-relay.1.gz ./lib/systemd/system/idem-relay@.service; do
+    if ! grep -q " $file\$" <<<"$listing"; then
+      echo "!! not in the idempotency-relay package: $file"
+      missing=1
+    fi
+  done
   deb=$(compgen -G "$dir/postgresql-15-idempotency_*.deb" || true)
   if [ "$missing" = 1 ] || [ -z "$deb" ]; then
     stage_failed "dpkg-buildpackage left out a package"

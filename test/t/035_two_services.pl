@@ -1,5 +1,6 @@
 # Effectively once between two services (SPEC "Delivery", README "Effectively once between
-# two services"), end to end with examples/two_services/: service A (FastAPI behind the
+# two services"), end to end with examples/two_services/: first the README's shell block
+# run as pasted (one order sent twice: one order, one shipment); then service A (FastAPI behind the
 # repository's Python middleware) takes orders with an Idempotency-Key, writes each and
 # emits its event in the claim's transaction; idem-relay --sink=http posts the events to
 # service B (FastAPI behind the same middleware, its own database), which applies each
@@ -36,8 +37,33 @@ my $orders = $ENV{IDEM_TWO_SERVICES_ORDERS} // 300;
 
 my $node = PostgreSQL::Test::Cluster->new('two_services');
 $node->init;
-$node->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'\nmax_connections = 60\n");
+$node->append_conf('postgresql.conf', "shared_preload_libraries = 'idempotency'\nmax_connections = 60\n"
+	  . "unix_socket_directories = '" . $node->host . ", /var/run/postgresql, /tmp'\n");
 $node->start;
+
+# --- the README's block, as pasted ------------------------------------------------------
+# Run by bash from the repository's root as a user would: the server also listens where
+# psql and the relay look by default (libpq's socket directory: Debian's
+# /var/run/postgresql, or /tmp for PostgreSQL built from source), and only PGPORT is
+# set, so every connection the block makes is the block's own doing.
+{
+	my ($block) = slurp_file("$repo/README.md") =~ /^### Effectively once between two services\n.*?^```sh\n(.*?)^```$/ms
+	  or die 'README.md: no shell block under "Effectively once between two services"';
+	local $ENV{PGPORT} = $node->port;
+	local $ENV{PGHOST};
+	delete $ENV{PGHOST};
+	my ($out, $err) = ('', '');
+	my $ok = eval { IPC::Run::run([ 'bash', '-c', $block ], '>', \$out, '2>', \$err, IPC::Run::timeout(300)) };
+	ok($ok, 'README: the two services block runs as pasted') or diag("stdout:\n$out\nstderr:\n$err\n$@");
+	my @answers = $out =~ /^(\{.*"order_id".*\})$/mg;
+	ok(@answers == 2 && $answers[0] eq $answers[1], 'README: the retry got the first answer again')
+	  or diag($out);
+	like($out, qr/^\(1 row\)$/m, 'README: one shipment in service B, as its comment says') or diag($err);
+	is($node->safe_psql('service_a', 'SELECT count(*) FROM orders'), 1, 'README: one order in service A');
+	$node->safe_psql('postgres', 'DROP DATABASE service_a WITH (FORCE)');
+	$node->safe_psql('postgres', 'DROP DATABASE service_b WITH (FORCE)');
+}
+
 $node->safe_psql('postgres', 'CREATE DATABASE service_a');
 $node->safe_psql('postgres', 'CREATE DATABASE service_b');
 $node->safe_psql('service_a', slurp_file("$repo/examples/two_services/a.sql"));
