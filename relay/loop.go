@@ -33,6 +33,8 @@ type relay struct {
 	// hardCtx is cancelled by a second signal: publications in flight are abandoned.
 	hardCtx  context.Context
 	inflight atomic.Int64 // unix nanos of the oldest event in flight, 0 when none
+	// sinkChecked: when the idle loop last asked the sink whether it can be reached.
+	sinkChecked time.Time
 }
 
 type backoff struct {
@@ -107,6 +109,7 @@ func (r *relay) run() int {
 		r.m.db.set(true, nil)
 		dbBackoff.reset()
 		if len(events) == 0 {
+			r.checkIdleSink(ctx)
 			r.sleep(r.cfg.Idle)
 			continue
 		}
@@ -116,6 +119,21 @@ func (r *relay) run() int {
 	}
 	log.Info("stopped", "reason", "signal")
 	return 0
+}
+
+// sinkCheckEvery: how often an idle relay asks the sink whether it can still be reached.
+const sinkCheckEvery = 5 * time.Second
+
+// checkIdleSink lets /healthz and idem_relay_up follow a sink that goes away (or comes
+// back) while there is nothing to publish: publishing is what notices it otherwise.
+func (r *relay) checkIdleSink(ctx context.Context) {
+	if time.Since(r.sinkChecked) < sinkCheckEvery {
+		return
+	}
+	r.sinkChecked = time.Now()
+	if err := r.sink.Connect(ctx); err != nil {
+		r.m.sink.set(false, err)
+	}
 }
 
 type outcome struct {

@@ -197,7 +197,7 @@ show_in shop "BEGIN; CALL create_payment('order-2003', 42, 7.50); COMMIT;"
 show_in shop "SELECT topic, aggregate, seq, payload FROM idempotency.outbox ORDER BY seq;"
 expect "$(shop -At -c "SELECT string_agg(seq::text, ',' ORDER BY seq) FROM idempotency.outbox")" "1,2" \
   "two events, seq 1 and 2"
-tell "A relay leases the events (here by hand; examples/messaging/relay.py publishes \
+tell "A relay leases the events (here by hand; idem-relay, in relay/, publishes \
 them to RabbitMQ), and acknowledges them once the broker confirmed:"
 show_in shop "SELECT event_id, aggregate, seq, attempt FROM idem_outbox_claim('demo-relay', 10, '30s');"
 events=$(shop -At -F'|' -c "SELECT event_id, topic, aggregate, seq, payload FROM idempotency.outbox ORDER BY seq")

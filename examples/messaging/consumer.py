@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The consumer: applies the events that relay.py published to a second database, the
+"""The consumer: applies the events that idem-relay (relay/) published to a second database, the
 ledger, exactly once and in each account's order.
 
 It declares a durable queue QUEUE (with x-single-active-consumer, so that a second copy

@@ -7,7 +7,7 @@
 -- stored response are there together; if it rolls back, none of them is: no event ever
 -- announces a payment that does not exist, and no payment goes unannounced.
 --   - aggregate => the account: the events of one account get seq 1, 2, 3, ... in
---     commit order, and relay.py hands them to the broker in that order.
+--     commit order, and idem-relay hands them to the broker in that order.
 --   - event_id => idem_derive(key, 'payment.created'): the event's id follows from the
 --     request's key, so however often this step runs for one key it emits one event,
 --     and a consumer can tell which request an event came from.
@@ -21,7 +21,7 @@
 --   COMMIT;
 --   BEGIN; CALL create_payment('order-1001', 42, 19.99); COMMIT;   -- replay, the same
 --
--- The relay (relay.py) reads the outbox with functions that are not granted to PUBLIC:
+-- The relay (idem-relay, relay/) reads the outbox with functions that are not granted to PUBLIC:
 --
 --   CREATE ROLE relay LOGIN;
 --   GRANT EXECUTE ON FUNCTION idem_outbox_claim(text, integer, interval, text[]),

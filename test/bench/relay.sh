@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The relay's throughput (docs/performance.md, "The relay"): events per second through
 # idem-relay per sink, beside the SQL relay calls alone (claim + ack, no publish) and
-# the sample relay examples/messaging/relay.py, at batch sizes 1, 100 and 1000, and the
+# a relay written by hand (test/bench/relay_by_hand.py, Python and pika, what teams
+# write themselves), at batch sizes 1, 100 and 1000, and the
 # relay's own CPU time per event beside the database's. Everything on this machine:
 # PostgreSQL (a cluster of its own), nats-server with JetStream, and the relay.
 #
@@ -9,7 +10,8 @@
 #   EVENTS=20000 BATCHES="100 1000" SINKS="stdout nats" CONCURRENCY=200 test/bench/relay.sh
 #
 # SINKS: sql (the SQL calls alone), stdout, nats, amqp (idem-relay to RabbitMQ, started
-# here when amqp or relay.py is asked for), relay.py (the sample relay, to RabbitMQ).
+# here when an amqp sink or by-hand is asked for), amqp-pipeline (the same with
+# --amqp-pipeline=$AMQP_PIPELINE, default 16), by-hand (relay_by_hand.py, to RabbitMQ).
 #
 # Each run emits EVENTS events over 200 aggregates, then starts the relay and times it
 # from start to an empty outbox. CPU: the relay's (user + system, from /proc) and the
@@ -18,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 EVENTS=${EVENTS:-20000}
 BATCHES=${BATCHES:-"1 100 1000"}
-SINKS=${SINKS:-"sql stdout nats amqp relay.py"}
+SINKS=${SINKS:-"sql stdout nats amqp amqp-pipeline by-hand"}
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
 work=$(mktemp -d /tmp/idem-relay-bench.XXXXXX)
 chown postgres: "$work"
@@ -34,6 +36,7 @@ cleanup() {
 trap cleanup EXIT
 
 make -s -C relay OUT="$work/idem-relay" GOCACHE="$work/gocache" >/dev/null
+relay_bin=${RELAY_BIN:-$work/idem-relay}   # RELAY_BIN: another build, e.g. with symbols for perf
 su postgres -c "$PGBIN/initdb -D $work/data -A trust" >/dev/null
 cat >>"$work/data/postgresql.conf" <<CONF
 shared_preload_libraries = 'idempotency'
@@ -52,7 +55,7 @@ sleep 1
 make -s -C relay natsread NATSREAD_OUT="$work/natsread" GOCACHE="$work/gocache" >/dev/null
 "$work/natsread" "nats://127.0.0.1:$nats_port" create BENCH 'bench.>'
 
-if [[ " $SINKS " == *" amqp "* || " $SINKS " == *" relay.py "* ]]; then
+if [[ " $SINKS " == *" amqp"* || " $SINKS " == *" by-hand "* ]]; then
   r=$work/rabbit; mkdir -p "$r/home" "$r/mnesia"
   head -c 15 /dev/urandom | base64 | tr -dc A-Z >"$r/home/.erlang.cookie"; chmod 400 "$r/home/.erlang.cookie"
   printf 'disk_free_limit.absolute = 1MB\nvm_memory_high_watermark.relative = 0.9\n' >"$r/rabbitmq.conf"
@@ -93,12 +96,21 @@ pg_jiffies() {
 }
 hz=$(getconf CLK_TCK)
 
-printf '%-9s %6s %10s %12s %12s\n' sink batch events/s relay_us/ev db_us/ev
+# The broker's own process: RabbitMQ's Erlang VM, or nats-server.
+broker_pid() {
+  case $1 in
+    amqp*|by-hand) pgrep -f "beam.smp.*$work" | head -1 || true ;;
+    nats) echo "$nats_pid" ;;
+  esac
+}
+
+printf '%-9s %6s %10s %12s %12s %12s\n' sink batch events/s relay_us/ev db_us/ev broker_us/ev
 for sink in $SINKS; do
   for batch in $BATCHES; do
     # batch 1 is slow: a tenth of the events.
     n=$EVENTS; [ "$batch" = 1 ] && n=$((EVENTS / 10))
     EVENTS=$n emit
+    bp=$(broker_pid "$sink"); b0=0; [ -n "$bp" ] && b0=$(jiffies "$bp")
     db0=$(pg_jiffies); t0=$(date +%s.%N)
     case $sink in
       sql)
@@ -107,28 +119,30 @@ for sink in $SINKS; do
                    SELECT array_agg(event_id) INTO ids FROM idem_outbox_claim('bench', $batch, '30s');
                    EXIT WHEN ids IS NULL; PERFORM idem_outbox_ack('bench', ids); COMMIT; END LOOP; END \$\$"
         relay_j=0 ;;
-      relay.py)
+      by-hand)
         DATABASE_URL="host=127.0.0.1 port=$port user=postgres dbname=postgres" AMQP_URL=$amqp_url \
-          BATCH_SIZE=$batch IDLE_SECONDS=0.01 RELAY_NAME=bench-py /usr/bin/python3 examples/messaging/relay.py \
+          BATCH_SIZE=$batch IDLE_SECONDS=0.01 RELAY_NAME=bench-py /usr/bin/python3 test/bench/relay_by_hand.py \
           >/dev/null 2>"$work/relay.log" &
         pid=$!
         while [ "$(undelivered)" != 0 ]; do sleep 0.05; done
         relay_j=$(jiffies "$pid")
         kill -TERM "$pid"; wait "$pid" ;;
       *)
-        args=(--sink="$sink" --batch-size="$batch" --listen= --idle=10ms --concurrency="${CONCURRENCY:-32}")
+        args=(--sink="${sink%-pipeline}" --batch-size="$batch" --listen= --idle=10ms --concurrency="${CONCURRENCY:-32}")
         [ "$sink" = nats ] && args+=(--nats-url="nats://127.0.0.1:$nats_port" --nats-subject-prefix=bench.)
         [ "$sink" = amqp ] && args+=(--amqp-url="$amqp_url")
+        [ "$sink" = amqp-pipeline ] && args+=(--amqp-url="$amqp_url" --amqp-pipeline="${AMQP_PIPELINE:-16}")
         PGHOST=127.0.0.1 PGPORT=$port PGUSER=postgres PGDATABASE=postgres PGSSLMODE=disable \
-          "$work/idem-relay" "${args[@]}" >/dev/null 2>"$work/relay.log" &
+          "$relay_bin" "${args[@]}" >/dev/null 2>"$work/relay.log" &
         pid=$!
         while [ "$(undelivered)" != 0 ]; do sleep 0.05; done
         relay_j=$(jiffies "$pid")
         kill -TERM "$pid"; wait "$pid" ;;
     esac
-    t1=$(date +%s.%N); db1=$(pg_jiffies)
+    t1=$(date +%s.%N); db1=$(pg_jiffies); b1=0; [ -n "$bp" ] && b1=$(jiffies "$bp")
     awk -v n="$n" -v t="$(echo "$t1 - $t0" | bc)" -v rj="$relay_j" -v dj="$((db1 - db0))" -v hz="$hz" \
-        -v s="$sink" -v b="$batch" \
-      'BEGIN { printf "%-9s %6d %10.0f %12.1f %12.1f\n", s, b, n / t, rj / hz / n * 1e6, dj / hz / n * 1e6 }'
+        -v s="$sink" -v b="$batch" -v bj="$((b1 - b0))" -v bp="$bp" \
+      'BEGIN { printf "%-9s %6d %10.0f %12.1f %12.1f %12s\n", s, b, n / t, rj / hz / n * 1e6, dj / hz / n * 1e6,
+               bp == "" ? "-" : sprintf("%.1f", bj / hz / n * 1e6) }'
   done
 done
