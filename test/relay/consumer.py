@@ -19,6 +19,7 @@ import hashlib
 import hmac
 import json
 import os
+import queue
 import random
 import sys
 import threading
@@ -31,16 +32,28 @@ DATABASE_URL = os.environ["DATABASE_URL"]
 PORT = int(os.environ["PORT"])
 SECRET = os.environ.get("SECRET", "")
 DELAY = float(os.environ.get("DELAY_MS", "0")) / 1000
-local = threading.local()
 seen_busy = set()
 lock = threading.Lock()
+# Connections kept between requests (each request has a thread of its own): a new one
+# per request would make PostgreSQL's connection start the bottleneck.
+pool = queue.LifoQueue()
 
 
-def db():
-    conn = getattr(local, "conn", None)
-    if conn is None or conn.closed:
-        conn = local.conn = psycopg.connect(DATABASE_URL, autocommit=True)
-    return conn
+def take():
+    try:
+        return pool.get_nowait()
+    except queue.Empty:
+        return psycopg.connect(DATABASE_URL, autocommit=True)
+
+
+def drain():
+    """After a database error: the other idle connections are likely broken too (a
+    restarted server), so none is used again."""
+    while True:
+        try:
+            pool.get_nowait().close()
+        except queue.Empty:
+            return
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -62,11 +75,12 @@ class Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
         if DELAY:
             time.sleep(random.uniform(0, 2 * DELAY))
+        conn = None
         try:
             event = json.loads(body)
             key = self.headers.get("Idempotency-Key", "")
             status, extra = self.decide(event, body, key)
-            conn = db()
+            conn = take()
             if status == 200:
                 with conn.transaction():
                     if conn.execute("SELECT idem_once('relay-test', %s)", (event["id"],)).fetchone()[0]:
@@ -78,9 +92,12 @@ class Handler(BaseHTTPRequestHandler):
                           key, self.path))
         except psycopg.Error as error:
             print("database:", error, file=sys.stderr, flush=True)
-            local.conn = None
+            if conn is not None:
+                conn.close()
+            drain()
             self.answer(503, b"database unavailable")
             return
+        pool.put(conn)
         self.answer(status, b"" if status == 200 else b"refused", extra)
 
     def decide(self, event, body, key):
