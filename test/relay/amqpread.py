@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """For test/t/033_relay.pl:
 
-`amqpread.py URL bind EXCHANGE QUEUE KEY` declares a durable queue bound to the (topic)
-exchange;
+`amqpread.py URL bind EXCHANGE QUEUE KEY [MAX_LENGTH]` declares a durable queue bound to
+the (topic) exchange; with MAX_LENGTH, a queue that holds that many messages and refuses
+more (x-overflow reject-publish: the broker nacks them);
 
 `amqpread.py URL dump QUEUE` prints each message in the queue as a JSON line {"id",
 "aggregate", "seq", "topic"} from its properties, in queue order, and acknowledges it;
@@ -91,8 +92,9 @@ connection = pika.BlockingConnection(pika.URLParameters(url))
 channel = connection.channel()
 if action == "bind":
     exchange, queue, key = sys.argv[3:6]
+    limit = {"x-max-length": int(sys.argv[6]), "x-overflow": "reject-publish"} if len(sys.argv) > 6 else None
     channel.exchange_declare(exchange, exchange_type="topic", durable=True)
-    channel.queue_declare(queue, durable=True)
+    channel.queue_declare(queue, durable=True, arguments=limit)
     channel.queue_bind(queue, exchange, key)
 else:
     queue = sys.argv[3]

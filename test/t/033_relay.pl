@@ -74,14 +74,14 @@ my $relay_bin = "$tmp/idem-relay";
 {
 	my ($out, $err);
 	my $ok = IPC::Run::run(
-		[ 'make', '-s', '-C', "$repo/relay", "OUT=$relay_bin", "GOCACHE=$tmp/gocache" ],
+		[ 'make', '-s', '-C', "$repo/relay", "OUT=$relay_bin" ],
 		'>', \$out, '2>', \$err);
 	ok($ok && -x $relay_bin, 'idem-relay builds from relay/ with Debian\'s Go packages')
 	  or BAIL_OUT("the relay did not build: $out$err");
 }
 {
 	my ($out, $err);
-	my $ok = IPC::Run::run([ 'make', '-s', '-C', "$repo/relay", 'test', 'vet', 'fmt-check', "GOCACHE=$tmp/gocache" ],
+	my $ok = IPC::Run::run([ 'make', '-s', '-C', "$repo/relay", 'test', 'vet', 'fmt-check' ],
 		'>', \$out, '2>', \$err);
 	ok($ok, 'the relay\'s unit tests pass (go test), go vet and gofmt are clean') or diag("$out$err");
 }
@@ -505,7 +505,7 @@ my $service_b_url = 'host=' . $node->host . ' port=' . $node->port . ' dbname=se
 	};
 	my $nats = $start_nats->();
 	my ($out, $err);
-	IPC::Run::run([ 'make', '-s', '-C', "$repo/relay", "natsread", "NATSREAD_OUT=$tmp/natsread", "GOCACHE=$tmp/gocache" ],
+	IPC::Run::run([ 'make', '-s', '-C', "$repo/relay", "natsread", "NATSREAD_OUT=$tmp/natsread" ],
 		'>', \$out, '2>', \$err) or die "natsread: $out$err";
 	IPC::Run::run([ "$tmp/natsread", $nats_url, 'create', 'IDEM', 'ev.>' ], '>', \$out, '2>', \$err)
 	  or die "stream: $err";
@@ -584,7 +584,8 @@ my $service_b_url = 'host=' . $node->host . ' port=' . $node->port . ' dbname=se
 		'--topics=amqp.orders,amqp.nowhere');
 	my $r = relay_run(sink => 'amqp', topic => 'amqp.orders', prefix => 'q', what => 'RabbitMQ broker',
 		relays => [qw(a1 a2)],
-		start => sub { start_relay($_[0], undef, @amqp) },
+		# a2 publishes up to 8 of an aggregate's events before the first confirm.
+		start => sub { start_relay($_[0], undef, @amqp, $_[0] eq 'a2' ? '--amqp-pipeline=8' : ()) },
 		stop_sink => sub { ok(defined stop_process($rabbit, 'TERM', 60), 'amqp: the broker stopped') },
 		start_sink => sub { $rabbit = $start_rabbit->() });
 	# Unroutable (no queue bound for the routing key, published mandatory): a dead letter.
@@ -592,6 +593,32 @@ my $service_b_url = 'host=' . $node->host . ' port=' . $node->port . ' dbname=se
 	ok(wait_until(30, sub { undelivered() == 0 }), 'amqp: the unroutable event handled');
 	like($node->safe_psql('shop', q{SELECT reason FROM idem_outbox_dead_letters('amqp.nowhere')}),
 		qr/^unroutable: .*NO_ROUTE.*routing key "amqp.nowhere"/, 'amqp: unroutable: a dead letter with the reason');
+	# An idle relay notices the broker going away and coming back (/healthz), with nothing
+	# to publish.
+	stop_process($rabbit, 'TERM', 60);
+	ok(wait_until(30, sub { my ($c, $b) = http_get($r->{a1}{port}, '/healthz'); $c == 503 && $b =~ /^sink down: / }),
+		'amqp: an idle relay\'s /healthz turns 503 "sink down" when the broker stops');
+	$rabbit = $start_rabbit->();
+	ok(wait_until(60, sub { my ($c) = http_get($r->{a1}{port}, '/healthz'); $c == 200 }),
+		'amqp: and 200 again once it is back');
+	# --amqp-pipeline against a queue that nacks: full-q holds 5 messages and refuses more
+	# (reject-publish), no one consumes it. Of 12 events of one aggregate published 4 at a
+	# time, the first 5 are confirmed, in order; each later one is nacked, never acked,
+	# and after --max-attempts a dead letter with the broker's refusal as the reason.
+	IPC::Run::run([ $python, "$repo/test/relay/amqpread.py", $url, 'bind', 'idem.events', 'full-q', 'amqp.full', 5 ],
+		'>', \$out, '2>', \$err) or die "bind full-q: $err";
+	emit('amqp.full', 12, 1, 'p');
+	my $p1 = start_relay('p1', undef, '--sink=amqp', "--amqp-url=$url", '--lease=5s', '--amqp-timeout=2s',
+		'--topics=amqp.full', '--amqp-pipeline=4', '--max-attempts=2');
+	ok(wait_until(60, sub { undelivered() == 0 }), 'amqp pipeline: every event delivered or dead');
+	is($node->safe_psql('shop', q{SELECT count(*) FROM idem_outbox_dead_letters('amqp.full')
+	                              WHERE reason LIKE 'max_attempts (2) reached: rejected by the broker (basic.nack)%'}),
+		7, 'amqp pipeline: the 7 events the full queue refused are dead letters, with the reason');
+	IPC::Run::run([ $python, "$repo/test/relay/amqpread.py", $url, 'dump', 'full-q' ], '>', \$out, '2>', \$err)
+	  or die "dump full-q: $err";
+	is(join(',', map { decode_json($_)->{seq} } grep { /\S/ } split /\n/, $out), '1,2,3,4,5',
+		'amqp pipeline: the queue holds seq 1 to 5, in order');
+	is(stop_process($p1, 'TERM', 20), 0, 'amqp pipeline: the relay exits 0 on SIGTERM');
 	cmp_ok(metric($r->{a1}, 'idem_relay_events_delivered_total', 'sink="amqp",topic="amqp.orders"')
 		  + metric($r->{a2}, 'idem_relay_events_delivered_total', 'sink="amqp",topic="amqp.orders"'), '>', 0,
 		'amqp: metrics per sink');
