@@ -1,11 +1,19 @@
 package main
 
-// Unit tests of the parts without a server: configuration, HTTP routing and
-// Retry-After, the backoff. The end-to-end behaviour is test/t/033_relay.pl's.
+// Unit tests of the parts that need no database: configuration, HTTP routing and
+// Retry-After, the backoff, HTTPS against an in-process server, the man page. The
+// end-to-end behaviour is test/t/033_relay.pl's.
 
 import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -104,5 +112,44 @@ func TestManPageNamesEverySetting(t *testing.T) {
 		if s.def != "" && !strings.Contains(man, `(default "`+s.def+`")`) {
 			t.Errorf("idem-relay.1 does not give --%s's default %q", s.name, s.def)
 		}
+	}
+}
+
+// HTTPS: the server's certificate trusted through --http-ca-file; without it the
+// certificate is refused (the sink counts as unreachable, no attempt spent).
+func TestHTTPSinkTLS(t *testing.T) {
+	var got *http.Request
+	var body []byte
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got = r
+		body, _ = io.ReadAll(r.Body)
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600)
+	agg, seq := "a1", int64(3)
+	e := &Event{ID: "0d6c5a56-6f3e-4b0e-9a43-3c6f1b7f0001", Topic: "order.placed", Aggregate: &agg, Seq: &seq,
+		Attempt: 2, EmittedAt: time.Now(), Headers: json.RawMessage(`{"h":"v"}`), Payload: json.RawMessage(`{"n":1}`)}
+	cfg := &Config{HTTPURL: srv.URL + "/events/{topic}", HTTPTimeout: 5 * time.Second, Concurrency: 1,
+		HTTPSecret: "k", HTTPSigHdr: "Idem-Signature", HTTPHeaders: map[string]string{}}
+
+	untrusted, _ := newHTTPSink(cfg)
+	if r := untrusted.Publish(context.Background(), e); r.Outcome != Retry || !r.Unreachable || !strings.Contains(r.Reason, "certificate") {
+		t.Fatalf("an unknown certificate was not refused: %+v", r)
+	}
+	cfg.HTTPCAFile = ca
+	s, err := newHTTPSink(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := s.Publish(context.Background(), e); r.Outcome != Delivered {
+		t.Fatalf("not delivered over HTTPS with --http-ca-file: %+v", r)
+	}
+	mac := hmac.New(sha256.New, []byte("k"))
+	mac.Write(body)
+	if got.TLS == nil || got.URL.Path != "/events/order.placed" || got.Header.Get("Idempotency-Key") != `"`+e.ID+`"` ||
+		got.Header.Get("Idem-Attempt") != "2" || got.Header.Get("Idem-Signature") != "sha256="+hex.EncodeToString(mac.Sum(nil)) {
+		t.Fatalf("request not as documented: TLS %v, path %s, headers %v", got.TLS != nil, got.URL.Path, got.Header)
 	}
 }
