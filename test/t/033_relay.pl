@@ -99,19 +99,8 @@ sub relay_once {
 	return ($? >> 8, $out, $err);
 }
 
-# Starts a relay; returns (process, metrics port).
-my $relay_count = 0;
-sub start_relay {
-	my ($name, $stdout, @args) = @_;
-	my $port = free_port();
-	$relay_count++;
-	my $p = spawn("relay-$name-$relay_count", { %pgenv }, $stdout, $relay_bin, "--name=$name",
-		"--listen=127.0.0.1:$port", '--max-backoff=1s', '--idle=100ms', @args);
-	$p->{port} = $port;
-	wait_until(10, sub { IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port") })
-	  or die "relay $name did not listen";
-	return $p;
-}
+# Starts a relay (IdemProcesses::start_relay) as the relay role.
+sub start_relay { return IdemProcesses::start_relay($relay_bin, \%pgenv, @_) }
 
 sub http_get {
 	my ($port, $path) = @_;

@@ -119,20 +119,8 @@ sub cannot_relay {
 	return '';
 }
 
-# Starts a relay; returns the process (with its metrics port).
-my $relay_count = 0;
-sub start_relay {
-	my ($name, $stdout, @args) = @_;
-	my $port = free_port();
-	$relay_count++;
-	my $p = spawn("relay-$name-$relay_count", {%pgenv}, $stdout, $relay_bin, "--name=$name",
-		"--listen=127.0.0.1:$port", '--max-backoff=1s', '--idle=100ms', @args);
-	$p->{port} = $port;
-	wait_until(10, sub { !running($p) || IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port") });
-	die "relay $name exited with status " . ($p->{status} >> 8) . ' (its log follows)' unless running($p);
-	IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port") or die "relay $name did not listen";
-	return $p;
-}
+# Starts a relay (IdemProcesses::start_relay) as the relay role.
+sub start_relay { return IdemProcesses::start_relay($relay_bin, \%pgenv, @_) }
 
 sub undelivered { return $node->safe_psql('shop', 'SELECT outbox_undelivered FROM idem_stats()'); }
 

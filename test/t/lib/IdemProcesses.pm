@@ -9,6 +9,8 @@ use warnings;
 use Exporter 'import';
 use POSIX qw(WNOHANG);
 use Time::HiRes qw(time sleep);
+use IO::Socket::INET;
+use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
@@ -78,6 +80,24 @@ sub wait_until {
 		sleep 0.1;
 	}
 	return 1;
+}
+
+# start_relay(BINARY, {ENV}, NAME, STDOUT or undef, ARGS...): idem-relay named NAME, its
+# /metrics and /healthz on a free port (the process's {port}), pausing at most 1 s
+# between reconnections and 100 ms when idle. Dies if it exits (a configuration error)
+# or does not listen within 10 s.
+my $relays_started = 0;
+sub start_relay {
+	my ($bin, $env, $name, $stdout, @args) = @_;
+	my $port = PostgreSQL::Test::Cluster::get_free_port();
+	$relays_started++;
+	my $p = spawn("relay-$name-$relays_started", {%$env}, $stdout, $bin, "--name=$name",
+		"--listen=127.0.0.1:$port", '--max-backoff=1s', '--idle=100ms', @args);
+	$p->{port} = $port;
+	wait_until(10, sub { !running($p) || IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port") });
+	die "relay $name exited with status " . ($p->{status} >> 8) . ' (its log follows)' unless running($p);
+	IO::Socket::INET->new(PeerAddr => "127.0.0.1:$port") or die "relay $name did not listen";
+	return $p;
 }
 
 END {
