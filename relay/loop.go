@@ -125,7 +125,8 @@ func (r *relay) run() int {
 const sinkCheckEvery = 5 * time.Second
 
 // checkIdleSink lets /healthz and idem_relay_up follow a sink that goes away (or comes
-// back) while there is nothing to publish: publishing is what notices it otherwise.
+// back) while there is nothing to publish: publishing is what notices it otherwise
+// (a sink that keeps a connection also says when it loses it: lossNotifier).
 func (r *relay) checkIdleSink(ctx context.Context) {
 	if time.Since(r.sinkChecked) < sinkCheckEvery {
 		return

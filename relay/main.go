@@ -57,6 +57,9 @@ func realMain(args []string) int {
 	}
 	hardCtx, hardStop := context.WithCancel(context.Background())
 	r := &relay{cfg: cfg, src: src, sink: sink, m: m, stopCh: make(chan struct{}), hardCtx: hardCtx}
+	if n, ok := sink.(lossNotifier); ok {
+		n.notifyLoss(func(err error) { m.sink.set(false, err) })
+	}
 
 	signals := make(chan os.Signal, 2)
 	signal.Notify(signals, syscall.SIGTERM, syscall.SIGINT)

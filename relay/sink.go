@@ -40,6 +40,13 @@ type Sink interface {
 	Close()
 }
 
+// A sink that keeps a connection says when it loses it (the broker stopped, or closed
+// the connection), so that the relay marks the sink down at once, logs it and
+// reconnects, whether or not there is anything to publish.
+type lossNotifier interface {
+	notifyLoss(lost func(error))
+}
+
 func delivered() Result { return Result{Outcome: Delivered} }
 
 // envelope is the event as every sink carries it: id, topic, aggregate, seq,

@@ -36,6 +36,7 @@ type amqpPending struct {
 
 type amqpSink struct {
 	cfg     *Config
+	lost    func(error) // set once, before the first Connect
 	mu      sync.Mutex
 	conn    *amqp.Connection
 	ch      *amqp.Channel
@@ -45,6 +46,8 @@ type amqpSink struct {
 func newAMQPSink(cfg *Config) *amqpSink { return &amqpSink{cfg: cfg} }
 
 func (s *amqpSink) Name() string { return "amqp" }
+
+func (s *amqpSink) notifyLoss(lost func(error)) { s.lost = lost }
 
 func (s *amqpSink) Connect(ctx context.Context) error {
 	s.mu.Lock()
@@ -77,6 +80,13 @@ func (s *amqpSink) Connect(ctx context.Context) error {
 		conn.Close()
 		return err
 	}
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	go func() {
+		// Nothing comes when the relay closes it; an error when the broker or the network did.
+		if e := <-closed; e != nil && s.lost != nil {
+			s.lost(fmt.Errorf("the connection to RabbitMQ was lost: %v", e))
+		}
+	}()
 	returns := ch.NotifyReturn(make(chan amqp.Return))
 	confirms := ch.NotifyPublish(make(chan amqp.Confirmation, 4096))
 	s.conn, s.ch, s.pending = conn, ch, map[uint64]*amqpPending{}

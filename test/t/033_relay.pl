@@ -590,6 +590,19 @@ my $service_b_url = 'host=' . $node->host . ' port=' . $node->port . ' dbname=se
 	$rabbit = $start_rabbit->();
 	ok(wait_until(60, sub { my ($c) = http_get($r->{a1}{port}, '/healthz'); $c == 200 }),
 		'amqp: and 200 again once it is back');
+	# The broker closing an idle relay's connection: logged at once, "sink down" then
+	# "sink up" once reconnected, not found only at the next publication.
+	my $sink_downs = sub { my $n = () = slurp_file($r->{a1}{log}) =~ /"msg":"sink down"/g; $n };
+	my $downs = $sink_downs->();
+	{
+		local @ENV{ keys %rabbit_env } = values %rabbit_env;
+		IPC::Run::run([ "$rabbit_bin/rabbitmqctl", 'close_all_connections', 'cut by the test' ], '>', \$out, '2>', \$err)
+		  or die "rabbitmqctl close_all_connections: $err";
+	}
+	ok(wait_until(10, sub { $sink_downs->() > $downs }),
+		'amqp: an idle relay logs the connection the broker closed ("sink down")');
+	ok(wait_until(20, sub { my ($c) = http_get($r->{a1}{port}, '/healthz'); $c == 200 }),
+		'amqp: and reconnects (/healthz 200)');
 	# --amqp-pipeline against a queue that nacks: full-q holds 5 messages and refuses more
 	# (reject-publish), no one consumes it. Of 12 events of one aggregate published 4 at a
 	# time, the first 5 are confirmed, in order; each later one is nacked, never acked,
