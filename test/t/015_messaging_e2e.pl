@@ -106,7 +106,7 @@ sub acked_by {
 			$statement_of_pid{$pid} = $text;
 		}
 		elsif (($statement_of_pid{$pid} // '') =~ /^execute \S+: SELECT idem_outbox_ack\(/
-			&& $text =~ /^parameters: \$1 = '[^']*', \$2 = '\{([^}]*)\}'/) {
+			&& $text =~ /^[Pp]arameters: \$1 = '[^']*', \$2 = '\{([^}]*)\}'/) {    # "Parameters:" from PostgreSQL 16 on
 			$acked{$app}{$_} = 1 for map { s/"//gr } split /,/, $1;
 		}
 	}
