@@ -90,14 +90,8 @@ my %pgenv = (
 	PGHOST => $node->host, PGPORT => $node->port, PGDATABASE => 'shop',
 	PGUSER => 'relay', PGSSLMODE => 'disable');
 
-# Runs the relay to its end (config errors); returns (exit code, stdout, stderr).
-sub relay_once {
-	my ($env, @args) = @_;
-	my ($out, $err) = ('', '');
-	local @ENV{ keys %$env } = values %$env;
-	IPC::Run::run([ $relay_bin, @args ], '>', \$out, '2>', \$err, IPC::Run::timeout(30));
-	return ($? >> 8, $out, $err);
-}
+# Runs the relay to its end (IdemProcesses::relay_once); returns (exit code, stdout, stderr).
+sub relay_once { return IdemProcesses::relay_once($relay_bin, @_) }
 
 # Starts a relay (IdemProcesses::start_relay) as the relay role.
 sub start_relay { return IdemProcesses::start_relay($relay_bin, \%pgenv, @_) }

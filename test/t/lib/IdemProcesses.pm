@@ -10,6 +10,7 @@ use Exporter 'import';
 use POSIX qw(WNOHANG);
 use Time::HiRes qw(time sleep);
 use IO::Socket::INET;
+use IPC::Run;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
@@ -80,6 +81,16 @@ sub wait_until {
 		sleep 0.1;
 	}
 	return 1;
+}
+
+# relay_once(BINARY, {ENV}, ARGS...): runs idem-relay to its end (a configuration or
+# grant error), ENV added to the environment; returns (exit code, stdout, stderr).
+sub relay_once {
+	my ($bin, $env, @args) = @_;
+	my ($out, $err) = ('', '');
+	local @ENV{ keys %$env } = values %$env;
+	IPC::Run::run([ $bin, @args ], '>', \$out, '2>', \$err, IPC::Run::timeout(30));
+	return ($? >> 8, $out, $err);
 }
 
 # start_relay(BINARY, {ENV}, NAME, STDOUT or undef, ARGS...): idem-relay named NAME, its
