@@ -1,8 +1,8 @@
 package main
 
 // Unit tests of the parts that need no database: configuration, HTTP routing and
-// Retry-After, the backoff, HTTPS against an in-process server, the man page. The
-// end-to-end behaviour is test/t/033_relay.pl's.
+// Retry-After, the backoff, HTTPS against an in-process server, the man page, the
+// RabbitMQ sink's write batching. The end-to-end behaviour is test/t/033_relay.pl's.
 
 import (
 	"context"
@@ -11,12 +11,15 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -151,5 +154,98 @@ func TestHTTPSinkTLS(t *testing.T) {
 	if got.TLS == nil || got.URL.Path != "/events/order.placed" || got.Header.Get("Idempotency-Key") != `"`+e.ID+`"` ||
 		got.Header.Get("Idem-Attempt") != "2" || got.Header.Get("Idem-Signature") != "sha256="+hex.EncodeToString(mac.Sum(nil)) {
 		t.Fatalf("request not as documented: TLS %v, path %s, headers %v", got.TLS != nil, got.URL.Path, got.Header)
+	}
+}
+
+// recordingConn records each write it is given; the first waits for gate, so that
+// what is written meanwhile piles up. failWith makes every write fail.
+type recordingConn struct {
+	net.Conn // only Write and Close are used
+	gate     chan struct{}
+	failWith error
+	mu       sync.Mutex
+	writes   []string
+	closed   bool
+}
+
+func (c *recordingConn) Write(p []byte) (int, error) {
+	if c.gate != nil {
+		<-c.gate
+		c.gate = nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.failWith != nil {
+		return 0, c.failWith
+	}
+	c.writes = append(c.writes, string(p))
+	return len(p), nil
+}
+
+func (c *recordingConn) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	return nil
+}
+
+func (c *recordingConn) written() (string, int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return strings.Join(c.writes, ""), len(c.writes)
+}
+
+func TestBatchingConnWritesWhatPiledUpTogether(t *testing.T) {
+	rec := &recordingConn{gate: make(chan struct{})}
+	b := newBatchingConn(rec)
+	// The first frame leaves at once (its write now waits at the gate); the frames
+	// handed over meanwhile leave in one write, in order.
+	b.Write([]byte("m1"))
+	time.Sleep(20 * time.Millisecond)
+	for _, f := range []string{"h1", "b1", "m2", "h2", "b2"} {
+		if _, err := b.Write([]byte(f)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(rec.gate)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got, n := rec.written()
+		if got == "m1h1b1m2h2b2" {
+			if n != 2 {
+				t.Fatalf("%d writes for 6 frames, want 2 (the first, then the rest together)", n)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("written %q, want m1h1b1m2h2b2", got)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	b.Close()
+	if _, err := b.Write([]byte("late")); err == nil {
+		t.Fatal("a write after Close was accepted")
+	}
+}
+
+func TestBatchingConnFailedWriteClosesTheConnection(t *testing.T) {
+	rec := &recordingConn{failWith: errors.New("connection reset by peer")}
+	b := newBatchingConn(rec)
+	b.Write([]byte("m1"))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		rec.mu.Lock()
+		closed := rec.closed
+		rec.mu.Unlock()
+		if closed {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the connection was not closed after a failed write")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if _, err := b.Write([]byte("m2")); err == nil || !strings.Contains(err.Error(), "reset") {
+		t.Fatalf("a write after the failure: %v, want the failure", err)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -58,7 +59,16 @@ func (s *amqpSink) Connect(ctx context.Context) error {
 	if s.conn != nil {
 		s.conn.Close()
 	}
-	conn, err := amqp.DialConfig(s.cfg.AMQPURL, amqp.Config{Heartbeat: 10 * time.Second, Properties: amqp.Table{"connection_name": log.relay}})
+	conn, err := amqp.DialConfig(s.cfg.AMQPURL, amqp.Config{
+		Heartbeat: 10 * time.Second, Properties: amqp.Table{"connection_name": log.relay},
+		Dial: func(network, addr string) (net.Conn, error) {
+			c, err := amqp.DefaultDial(30*time.Second)(network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return newBatchingConn(c), nil
+		},
+	})
 	if err != nil {
 		return err
 	}

@@ -61,7 +61,7 @@ func classify(err error, what string) error {
 		case "42501":
 			return errFatal{fmt.Errorf("%s: %s: the relay's role needs EXECUTE on idem_outbox_claim(text, integer, interval, text[]), idem_outbox_ack(text, idem_key[]) and idem_outbox_dead(text, idem_key[], text) (see relay/README.md)", what, pqErr.Message)}
 		case "42883", "3F000", "42P01", "42704":
-			return errFatal{fmt.Errorf("%s: %s: is the idempotency extension installed in this database, and its schema on the role's search_path?", what, pqErr.Message)}
+			return errFatal{fmt.Errorf("%s: %s: is idempotency installed in this database (the extension, or the SQL-only edition's script), and its schema on the role's search_path?", what, pqErr.Message)}
 		case "28000", "28P01", "3D000":
 			return errFatal{fmt.Errorf("%s: %s", what, pqErr.Message)}
 		}

@@ -12,15 +12,19 @@
 # SINKS: sql (the SQL calls alone), stdout, nats, amqp (idem-relay to RabbitMQ, started
 # here when an amqp sink or by-hand is asked for), amqp-pipeline (the same with
 # --amqp-pipeline=$AMQP_PIPELINE, default 16), by-hand (relay_by_hand.py, to RabbitMQ).
+# RabbitMQ's queues: durable classic queues of version QUEUE_VERSION (default 2, the
+# storage RabbitMQ 4.3 keeps alone; 1 is 3.10's default), QUEUES of them (default 1),
+# the events going round robin over topics bench.t0 ... each bound to its own queue.
 #
-# Each run emits EVENTS events over 200 aggregates, then starts the relay and times it
-# from start to an empty outbox. CPU: the relay's (user + system, from /proc) and the
+# Each run emits EVENTS events over 200 aggregates (on an empty queue: nothing consumes
+# it), then starts the relay and times it from start to an empty outbox. CPU: the relay's (user + system, from /proc) and the
 # PostgreSQL server's (this cluster's processes) over the run, in microseconds per event.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 EVENTS=${EVENTS:-20000}
 BATCHES=${BATCHES:-"1 100 1000"}
 SINKS=${SINKS:-"sql stdout nats amqp amqp-pipeline by-hand"}
+QUEUES=${QUEUES:-1}   # topics bench.t0 ... (round robin), each to its own RabbitMQ queue
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
 work=$(mktemp -d /tmp/idem-relay-bench.XXXXXX)
 chown postgres: "$work"
@@ -70,27 +74,52 @@ if [[ " $SINKS " == *" amqp"* || " $SINKS " == *" by-hand "* ]]; then
   /usr/lib/rabbitmq/bin/rabbitmq-server >"$r/out.log" 2>&1 & rabbit_pid=$!
   amqp_url=amqp://guest:guest@127.0.0.1:$amqp_port/
   for _ in $(seq 120); do
-    /usr/bin/python3 test/relay/amqpread.py "$amqp_url" bind idem.events bench-q 'bench.#' 2>/dev/null && break
+    QUEUE_VERSION=${QUEUE_VERSION:-2} /usr/bin/python3 test/relay/amqpread.py "$amqp_url" bind idem.events bench-q0 bench.t0 2>/dev/null && break
     sleep 1
+  done
+  for ((q = 1; q < QUEUES; q++)); do
+    QUEUE_VERSION=${QUEUE_VERSION:-2} /usr/bin/python3 test/relay/amqpread.py "$amqp_url" bind idem.events "bench-q$q" "bench.t$q"
   done
 fi
 
+psql -c 'CREATE TABLE bench_last (event_id idem_key)'
+# Emits the events, EVENTS over 200 aggregates, and keeps each aggregate's last one in
+# bench_last: an aggregate's events are delivered in seq order, so the outbox is empty
+# when those 200 are delivered. That is what wait_delivered polls (200 key lookups,
+# in one session): a scan of the pending events costs the database more as the
+# delivered ones pile up, and a new connection per poll costs a process start.
 emit() {
-  psql -c "SELECT count(idem_emit('bench.t', jsonb_build_object('n', g, 'pad', repeat('x', 100)), 'a' || (g % 200)))
-           FROM generate_series(1, $EVENTS) g" >/dev/null
+  psql -c "TRUNCATE bench_last;
+           WITH e AS (SELECT g, idem_emit('bench.t' || (g % $QUEUES), jsonb_build_object('n', g, 'pad', repeat('x', 100)), 'a' || (g % 200)) AS id
+                      FROM generate_series(1, $EVENTS) g)
+           INSERT INTO bench_last SELECT id FROM e WHERE g > $EVENTS - 200" >/dev/null
 }
-undelivered() { psql -c 'SELECT outbox_undelivered FROM idem_stats()'; }
+wait_delivered() {
+  psql -c "DO \$\$ BEGIN
+             WHILE EXISTS (SELECT FROM bench_last b
+                          WHERE (SELECT state FROM idempotency.outbox o WHERE o.event_id = b.event_id) = 'p') LOOP
+               COMMIT;  -- holds no snapshot between polls: vacuum and pruning go on
+               PERFORM pg_sleep(0.05);
+             END LOOP; END \$\$"
+}
 # Jiffies (user + system) of a process, or of all PostgreSQL server processes.
 jiffies() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 pg_jiffies() {
-  local total=0 pid j
   # This cluster's postmaster (its reaped children in cutime/cstime) and its children.
-  local pm
+  # A backend that ends while they are read (the relay's, as it stops) moves its time
+  # from its own line to the postmaster's: read again until the postmaster's count of
+  # reaped children held still, or that time counts twice or not at all.
+  local pm total pid j before after
   pm=$(head -1 "$work/data/postmaster.pid")
-  for pid in "$pm" $(pgrep -P "$pm"); do
-    # A process may end between pgrep and the read: it counts 0.
-    j=$(awk '{print $14 + $15 + $16 + $17}' "/proc/$pid/stat" 2>/dev/null) || j=0
-    total=$((total + ${j:-0}))
+  reaped() { awk '{print $16 + $17}' "/proc/$pm/stat"; }
+  while :; do
+    before=$(reaped) total=0
+    for pid in "$pm" $(pgrep -P "$pm"); do
+      j=$(awk '{print $14 + $15 + $16 + $17}' "/proc/$pid/stat" 2>/dev/null) || j=0
+      total=$((total + ${j:-0}))
+    done
+    after=$(reaped)
+    [ "$before" = "$after" ] && break
   done
   echo "$total"
 }
@@ -110,6 +139,13 @@ for sink in $SINKS; do
     # batch 1 is slow: a tenth of the events.
     n=$EVENTS; [ "$batch" = 1 ] && n=$((EVENTS / 10))
     EVENTS=$n emit
+    # The emitting session's backend has exited and been reaped before the CPU is read
+    # (its time then moves to the postmaster's count of reaped children).
+    sleep 0.5
+    # Each run starts with an empty queue (nothing consumes it here).
+    case $sink in
+      amqp*|by-hand) for ((q = 0; q < QUEUES; q++)); do /usr/bin/python3 test/relay/amqpread.py "$amqp_url" purge "bench-q$q"; done ;;
+    esac
     bp=$(broker_pid "$sink"); b0=0; [ -n "$bp" ] && b0=$(jiffies "$bp")
     db0=$(pg_jiffies); t0=$(date +%s.%N)
     case $sink in
@@ -124,7 +160,7 @@ for sink in $SINKS; do
           BATCH_SIZE=$batch IDLE_SECONDS=0.01 RELAY_NAME=bench-py /usr/bin/python3 test/bench/relay_by_hand.py \
           >/dev/null 2>"$work/relay.log" &
         pid=$!
-        while [ "$(undelivered)" != 0 ]; do sleep 0.05; done
+        wait_delivered
         relay_j=$(jiffies "$pid")
         kill -TERM "$pid"; wait "$pid" ;;
       *)
@@ -135,7 +171,7 @@ for sink in $SINKS; do
         PGHOST=127.0.0.1 PGPORT=$port PGUSER=postgres PGDATABASE=postgres PGSSLMODE=disable \
           "$relay_bin" "${args[@]}" >/dev/null 2>"$work/relay.log" &
         pid=$!
-        while [ "$(undelivered)" != 0 ]; do sleep 0.05; done
+        wait_delivered
         relay_j=$(jiffies "$pid")
         kill -TERM "$pid"; wait "$pid" ;;
     esac

@@ -1,9 +1,12 @@
 #!/usr/bin/python3
-"""For test/t/033_relay.pl:
+"""For test/t/033_relay.pl and test/bench/relay.sh:
 
 `amqpread.py URL bind EXCHANGE QUEUE KEY [MAX_LENGTH]` declares a durable queue bound to
 the (topic) exchange; with MAX_LENGTH, a queue that holds that many messages and refuses
-more (x-overflow reject-publish: the broker nacks them);
+more (x-overflow reject-publish: the broker nacks them); QUEUE_VERSION=2 declares it with
+x-queue-version 2 (the classic queue storage RabbitMQ 3.10 offers and 4.3 keeps alone);
+
+`amqpread.py URL purge QUEUE` empties the queue (test/bench/relay.sh, between runs);
 
 `amqpread.py URL dump QUEUE` prints each message in the queue as a JSON line {"id",
 "aggregate", "seq", "topic"} from its properties, in queue order, and acknowledges it;
@@ -92,10 +95,14 @@ connection = pika.BlockingConnection(pika.URLParameters(url))
 channel = connection.channel()
 if action == "bind":
     exchange, queue, key = sys.argv[3:6]
-    limit = {"x-max-length": int(sys.argv[6]), "x-overflow": "reject-publish"} if len(sys.argv) > 6 else None
+    args = {"x-max-length": int(sys.argv[6]), "x-overflow": "reject-publish"} if len(sys.argv) > 6 else {}
+    if os.environ.get("QUEUE_VERSION"):
+        args["x-queue-version"] = int(os.environ["QUEUE_VERSION"])
     channel.exchange_declare(exchange, exchange_type="topic", durable=True)
-    channel.queue_declare(queue, durable=True, arguments=limit)
+    channel.queue_declare(queue, durable=True, arguments=args or None)
     channel.queue_bind(queue, exchange, key)
+elif action == "purge":
+    channel.queue_purge(sys.argv[3])
 else:
     queue = sys.argv[3]
     while True:

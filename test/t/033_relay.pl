@@ -615,6 +615,17 @@ my $service_b_url = 'host=' . $node->host . ' port=' . $node->port . ' dbname=se
 	is(join(',', map { decode_json($_)->{seq} } grep { /\S/ } split /\n/, $out), '1,2,3,4,5',
 		'amqp pipeline: the queue holds seq 1 to 5, in order');
 	is(stop_process($p1, 'TERM', 20), 0, 'amqp pipeline: the relay exits 0 on SIGTERM');
+	# The sink's writes: the frames of the publications in flight leave together
+	# (sink_amqp_conn.go), not each in a system call of its own, three per message.
+	IPC::Run::run([ $python, "$repo/test/relay/amqpread.py", $url, 'bind', 'idem.events', 'bulk-q', 'amqp.bulk' ],
+		'>', \$out, '2>', \$err) or die "bind bulk-q: $err";
+	emit('amqp.bulk', 2000, 200, 'w');
+	my $w1 = start_relay('w1', undef, '--sink=amqp', "--amqp-url=$url", '--topics=amqp.bulk',
+		'--batch-size=1000', '--concurrency=200');
+	ok(wait_until(60, sub { undelivered() == 0 }), 'amqp writes: 2,000 events delivered');
+	my ($writes) = slurp_file("/proc/$w1->{pid}/io") =~ /^syscw: (\d+)/m;
+	cmp_ok($writes, '<', 2000, "amqp writes: fewer write calls than messages ($writes for 2,000; 6,000 and more unbatched)");
+	is(stop_process($w1, 'TERM', 20), 0, 'amqp writes: the relay exits 0 on SIGTERM');
 	cmp_ok(metric($r->{a1}, 'idem_relay_events_delivered_total', 'sink="amqp",topic="amqp.orders"')
 		  + metric($r->{a2}, 'idem_relay_events_delivered_total', 'sink="amqp",topic="amqp.orders"'), '>', 0,
 		'amqp: metrics per sink');
