@@ -7,13 +7,22 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
 	_ "github.com/lib/pq"
 )
 
-func main() { os.Exit(realMain(os.Args[1:])) }
+func main() {
+	// The live heap is a batch or two of events, a few megabytes: collecting when it
+	// has grown fourfold rather than twofold costs that much memory again and saves
+	// about a sixth of the relay's CPU per event. GOGC set in the environment wins.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(400)
+	}
+	os.Exit(realMain(os.Args[1:]))
+}
 
 func realMain(args []string) int {
 	cfg, err := loadConfig(args, os.Stdout)
